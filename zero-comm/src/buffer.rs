@@ -1,0 +1,111 @@
+//! Host buffers: owned, typed, moved through collectives.
+
+use half::{bf16, f16};
+use zero_kernels::{DType, Element};
+
+/// An owned host buffer of one of the three element types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostBuffer {
+    /// `f32` elements.
+    F32(Vec<f32>),
+    /// `f16` elements.
+    F16(Vec<f16>),
+    /// `bf16` elements.
+    BF16(Vec<bf16>),
+}
+
+impl HostBuffer {
+    /// A buffer of `len` zeros of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> Self {
+        match dtype {
+            DType::F32 => HostBuffer::F32(vec![0.0; len]),
+            DType::F16 => HostBuffer::F16(vec![f16::ZERO; len]),
+            DType::BF16 => HostBuffer::BF16(vec![bf16::ZERO; len]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostBuffer::F32(_) => DType::F32,
+            HostBuffer::F16(_) => DType::F16,
+            HostBuffer::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostBuffer::F32(v) => v.len(),
+            HostBuffer::F16(v) => v.len(),
+            HostBuffer::BF16(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype().size_of()
+    }
+
+    /// The `f32` vector, if that is what it holds.
+    pub fn into_f32(self) -> Option<Vec<f32>> {
+        match self {
+            HostBuffer::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The `f16` vector, if that is what it holds.
+    pub fn into_f16(self) -> Option<Vec<f16>> {
+        match self {
+            HostBuffer::F16(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The `bf16` vector, if that is what it holds.
+    pub fn into_bf16(self) -> Option<Vec<bf16>> {
+        match self {
+            HostBuffer::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Element types a [`HostBuffer`] can hold, with typed access to it.
+pub(crate) trait HostElement: Element {
+    fn slice(b: &HostBuffer) -> Option<&[Self]>;
+    fn slice_mut(b: &mut HostBuffer) -> Option<&mut [Self]>;
+}
+
+macro_rules! host_element {
+    ($t:ty, $variant:ident) => {
+        impl HostElement for $t {
+            fn slice(b: &HostBuffer) -> Option<&[Self]> {
+                match b {
+                    HostBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(b: &mut HostBuffer) -> Option<&mut [Self]> {
+                match b {
+                    HostBuffer::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+        impl From<Vec<$t>> for HostBuffer {
+            fn from(v: Vec<$t>) -> Self {
+                HostBuffer::$variant(v)
+            }
+        }
+    };
+}
+host_element!(f32, F32);
+host_element!(f16, F16);
+host_element!(bf16, BF16);

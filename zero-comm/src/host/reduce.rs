@@ -29,25 +29,20 @@ fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
     let op = desc.reduce.unwrap_or(ReduceOp::Sum);
     match desc.kind {
         OpKind::AllReduce => {
-            let mut bufs: Vec<&mut [T]> = buffers
-                .iter_mut()
-                .filter_map(|b| T::slice_mut(&mut b[0]))
-                .collect();
-            let (first, rest) = bufs.split_at_mut(1);
-            let rest: Vec<&[T]> = rest.iter().map(|b| &**b).collect();
-            first[0]
-                .par_chunks_mut(PAR_CHUNK)
-                .enumerate()
-                .for_each(|(c, out)| {
-                    let inputs: Vec<&[T]> = rest
-                        .iter()
-                        .map(|b| &b[c * PAR_CHUNK..][..out.len()])
-                        .collect();
-                    reduce_in_place(out, &inputs, op, world);
-                });
-            let (first, rest) = bufs.split_at_mut(1);
-            let result: &[T] = first[0];
-            rest.par_iter_mut().for_each(|b| b.copy_from_slice(result));
+            // Chunk c of every rank's buffer goes to one task, which reads all of them and
+            // writes the result back to all of them: one read and one write per element.
+            let mut per_chunk: Vec<Vec<&mut [T]>> = Vec::new();
+            for b in buffers.iter_mut().filter_map(|b| T::slice_mut(&mut b[0])) {
+                for (c, chunk) in b.chunks_mut(PAR_CHUNK).enumerate() {
+                    if per_chunk.len() <= c {
+                        per_chunk.push(Vec::with_capacity(world));
+                    }
+                    per_chunk[c].push(chunk);
+                }
+            }
+            per_chunk
+                .into_par_iter()
+                .for_each(|mut chunks| all_reduce_chunk(&mut chunks, op, world));
         }
         OpKind::ReduceScatter => {
             let (inputs, mut outputs) = split_pairs::<T>(buffers);
@@ -57,12 +52,11 @@ fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
                     .enumerate()
                     .for_each(|(c, out)| {
                         let start = piece.start + c * PAR_CHUNK;
-                        out.copy_from_slice(&inputs[0][start..start + out.len()]);
-                        let others: Vec<&[T]> = inputs[1..]
+                        let ins: Vec<&[T]> = inputs
                             .iter()
                             .map(|b| &b[start..start + out.len()])
                             .collect();
-                        reduce_in_place(out, &others, op, world);
+                        reduce_chunk(out, &ins, op, world);
                     });
             });
         }
@@ -101,35 +95,81 @@ fn split_pairs<T: HostElement>(buffers: &mut [Vec<HostBuffer>]) -> (Vec<&[T]>, V
         .unzip()
 }
 
-/// `out[i] = op(out[i], inputs[0][i], inputs[1][i], …)` in that order, in `f32`, rounded
-/// once; for `Avg` the sum is divided by `world`.
-fn reduce_in_place<T: HostElement>(out: &mut [T], inputs: &[&[T]], op: ReduceOp, world: usize) {
+/// `out[i] = op(inputs[0][i], inputs[1][i], …)` in that order, in `f32`, rounded once; for
+/// `Avg` the sum is divided by `world`.
+fn reduce_chunk<T: HostElement>(out: &mut [T], inputs: &[&[T]], op: ReduceOp, world: usize) {
     let mut acc = [0f32; TILE];
     for (t, out) in out.chunks_mut(TILE).enumerate() {
         let acc = &mut acc[..out.len()];
-        for (a, o) in acc.iter_mut().zip(out.iter()) {
-            *a = o.to_f32();
+        let tile = t * TILE..t * TILE + out.len();
+        load(acc, &inputs[0][tile.clone()]);
+        for input in &inputs[1..] {
+            fold(acc, &input[tile.clone()], op);
         }
-        for input in inputs {
-            let input = &input[t * TILE..][..out.len()];
-            match op {
-                ReduceOp::Sum | ReduceOp::Avg => acc
-                    .iter_mut()
-                    .zip(input)
-                    .for_each(|(a, x)| *a += x.to_f32()),
-                ReduceOp::Max => acc
-                    .iter_mut()
-                    .zip(input)
-                    .for_each(|(a, x)| *a = nan_max(*a, x.to_f32())),
-            }
+        finish(acc, op, world);
+        store(out, acc);
+    }
+}
+
+/// All-reduce of one chunk held by every rank: reads each rank's chunk once, then writes
+/// the result to each.
+fn all_reduce_chunk<T: HostElement>(chunks: &mut [&mut [T]], op: ReduceOp, world: usize) {
+    let mut acc = [0f32; TILE];
+    let len = chunks[0].len();
+    for start in (0..len).step_by(TILE) {
+        let tile = start..(start + TILE).min(len);
+        let acc = &mut acc[..tile.len()];
+        load(acc, &chunks[0][tile.clone()]);
+        for c in &chunks[1..] {
+            fold(acc, &c[tile.clone()], op);
         }
-        if op == ReduceOp::Avg {
-            let n = world as f32;
-            acc.iter_mut().for_each(|a| *a /= n);
+        finish(acc, op, world);
+        for c in chunks.iter_mut() {
+            store(&mut c[tile.clone()], acc);
         }
-        for (o, a) in out.iter_mut().zip(acc.iter()) {
-            *o = T::from_f32(*a);
-        }
+    }
+}
+
+// The per-element loops are compiled for several target sets and picked at run time. No
+// FMA, so every version gives the same bits.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+))]
+fn load<T: HostElement>(acc: &mut [f32], x: &[T]) {
+    for (a, x) in acc.iter_mut().zip(x) {
+        *a = x.to_f32();
+    }
+}
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+))]
+fn fold<T: HostElement>(acc: &mut [f32], x: &[T], op: ReduceOp) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(x).for_each(|(a, x)| *a += x.to_f32()),
+        ReduceOp::Max => acc
+            .iter_mut()
+            .zip(x)
+            .for_each(|(a, x)| *a = nan_max(*a, x.to_f32())),
+    }
+}
+
+fn finish(acc: &mut [f32], op: ReduceOp, world: usize) {
+    if op == ReduceOp::Avg {
+        let n = world as f32;
+        acc.iter_mut().for_each(|a| *a /= n);
+    }
+}
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
+))]
+fn store<T: HostElement>(out: &mut [T], acc: &[f32]) {
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = T::from_f32(*a);
     }
 }
 

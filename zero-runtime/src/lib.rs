@@ -1,6 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod scaler;
+pub mod schedule;
+
+pub use config::{ConfigError, Precision, ZeroConfig};
+
 /// The kernels the engine runs (`zero-kernels`).
 pub use zero_kernels as kernels;
 

@@ -1,0 +1,676 @@
+//! `ZeroConfig`: the DeepSpeed JSON (`ds_config.json`) users already have.
+//!
+//! Defaults are DeepSpeed's *code* defaults. Unknown or misspelled keys are errors that
+//! name the key and suggest the closest known one; DeepSpeed keys we do not implement are
+//! errors that say so, unless set to DeepSpeed's default (which changes nothing).
+//!
+//! # `"auto"`
+//! - Batch keys: derived from the others (see [`ZeroConfig::from_json`]).
+//! - Every other key: DeepSpeed's default for that key, except `warmup_max_lr`, which is
+//!   the optimizer's `lr` (as DeepSpeed's `WarmupLR` does when it is unset), and a
+//!   scheduler's `total_num_steps`, which has no default and is an error.
+
+mod json;
+
+use json::{Auto, Obj};
+use serde_json::{json, Value};
+use zero_kernels::{AdamConfig, WeightDecay};
+
+/// A configuration that cannot be used, naming the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not JSON.
+    #[error("config is not valid JSON: {0}")]
+    Json(String),
+    /// A key nobody knows.
+    #[error("unknown config key `{key}`{}", suggestion.as_ref().map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default())]
+    UnknownKey {
+        /// The full dotted path of the key.
+        key: String,
+        /// The closest known key, if one is close.
+        suggestion: Option<String>,
+    },
+    /// A DeepSpeed key (or value) zero does not implement yet.
+    #[error("config key `{key}` is not supported yet: {reason}")]
+    Unsupported {
+        /// The full dotted path of the key.
+        key: String,
+        /// Why, and what is supported.
+        reason: String,
+    },
+    /// A value of the wrong type or out of range.
+    #[error("config key `{key}`: {reason}")]
+    InvalidValue {
+        /// The full dotted path of the key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Keys that contradict each other.
+    #[error("inconsistent config: {0}")]
+    Inconsistent(String),
+}
+
+/// Training precision of parameters and gradients (master weights are always fp32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Precision {
+    /// Everything fp32.
+    Fp32,
+    /// fp16 parameters and gradients with loss scaling.
+    Fp16(LossScaleConfig),
+    /// bf16 parameters and gradients, no loss scaling.
+    Bf16,
+}
+
+/// The `fp16` section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScaleConfig {
+    /// `loss_scale`: 0 means dynamic.
+    pub loss_scale: f64,
+    /// `initial_scale_power`: the dynamic scale starts at 2^this.
+    pub initial_scale_power: u32,
+    /// `loss_scale_window`: good steps before the scale doubles.
+    pub loss_scale_window: u64,
+    /// `hysteresis`: overflows tolerated before the scale halves.
+    pub hysteresis: u64,
+    /// `consecutive_hysteresis`: refill hysteresis on every good step.
+    pub consecutive_hysteresis: bool,
+    /// `min_loss_scale`.
+    pub min_loss_scale: f64,
+}
+
+/// The `optimizer` section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimizerConfig {
+    /// `type`: `"Adam"` or `"AdamW"` (case-insensitive).
+    pub name: &'static str,
+    /// The resolved hyper-parameters.
+    pub adam: AdamConfig,
+}
+
+/// Warm-up shape of a DeepSpeed LR schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmupType {
+    /// `"log"` (DeepSpeed's default).
+    Log,
+    /// `"linear"`.
+    Linear,
+}
+
+/// The `scheduler` section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SchedulerConfig {
+    /// `WarmupLR`.
+    WarmupLr {
+        /// `warmup_min_lr`.
+        min_lr: f64,
+        /// `warmup_max_lr`.
+        max_lr: f64,
+        /// `warmup_num_steps` (at least 2, as DeepSpeed forces).
+        warmup_steps: u64,
+        /// `warmup_type`.
+        warmup: WarmupType,
+    },
+    /// `WarmupDecayLR`: `WarmupLR`, then linear decay to 0 at `total_num_steps`.
+    WarmupDecayLr {
+        /// `warmup_min_lr`.
+        min_lr: f64,
+        /// `warmup_max_lr`.
+        max_lr: f64,
+        /// `warmup_num_steps`.
+        warmup_steps: u64,
+        /// `warmup_type`.
+        warmup: WarmupType,
+        /// `total_num_steps`.
+        total_steps: u64,
+    },
+    /// `WarmupCosineLR`: ratios of the optimizer's `lr`.
+    WarmupCosineLr {
+        /// `warmup_min_ratio`.
+        warmup_min_ratio: f64,
+        /// `warmup_num_steps`.
+        warmup_steps: u64,
+        /// `cos_min_ratio`.
+        cos_min_ratio: f64,
+        /// `warmup_type`.
+        warmup: WarmupType,
+        /// `total_num_steps`.
+        total_steps: u64,
+    },
+}
+
+/// The `zero_optimization` section (sizes in elements).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroOptimization {
+    /// `stage`: 0 (data parallel), 1, 2 or 3.
+    pub stage: u8,
+    /// `overlap_comm`: reductions overlap the rest of backward (default: true for stage 3).
+    pub overlap_comm: bool,
+    /// `contiguous_gradients`: zero always writes gradients into contiguous buckets.
+    pub contiguous_gradients: bool,
+    /// `reduce_bucket_size`.
+    pub reduce_bucket_size: u64,
+    /// `allgather_bucket_size`.
+    pub allgather_bucket_size: u64,
+    /// `stage3_prefetch_bucket_size`.
+    pub prefetch_bucket_size: u64,
+    /// `stage3_param_persistence_threshold`.
+    pub param_persistence_threshold: u64,
+    /// `stage3_max_live_parameters`.
+    pub max_live_parameters: u64,
+    /// `stage3_max_reuse_distance`.
+    pub max_reuse_distance: u64,
+    /// `stage3_gather_16bit_weights_on_model_save`.
+    pub gather_16bit_weights_on_model_save: bool,
+    /// `sub_group_size`.
+    pub sub_group_size: u64,
+}
+
+/// A parsed, resolved DeepSpeed configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZeroConfig {
+    /// `train_batch_size` = micro × accumulation × world.
+    pub train_batch_size: u64,
+    /// `train_micro_batch_size_per_gpu`.
+    pub micro_batch_per_rank: u64,
+    /// `gradient_accumulation_steps`.
+    pub gradient_accumulation_steps: u64,
+    /// `gradient_clipping` (0 disables clipping).
+    pub gradient_clipping: f64,
+    /// `optimizer`.
+    pub optimizer: OptimizerConfig,
+    /// `scheduler`, if any.
+    pub scheduler: Option<SchedulerConfig>,
+    /// From `fp16` / `bf16`.
+    pub precision: Precision,
+    /// `zero_optimization`.
+    pub zero: ZeroOptimization,
+    /// `wall_clock_breakdown`.
+    pub wall_clock_breakdown: bool,
+    /// `steps_per_print`.
+    pub steps_per_print: u64,
+    /// Keys accepted that have no effect in zero, each with why (print them).
+    pub notes: Vec<String>,
+}
+
+const TOP: &[&str] = &[
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "optimizer",
+    "scheduler",
+    "fp16",
+    "bf16",
+    "zero_optimization",
+    "wall_clock_breakdown",
+    "steps_per_print",
+];
+
+const ZERO_KEYS: &[&str] = &[
+    "stage",
+    "overlap_comm",
+    "contiguous_gradients",
+    "reduce_scatter",
+    "reduce_bucket_size",
+    "allgather_partitions",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save",
+    "sub_group_size",
+    "offload_optimizer",
+    "offload_param",
+];
+
+impl ZeroConfig {
+    /// Parses DeepSpeed JSON text for a run of `world` ranks.
+    pub fn from_json_str(text: &str, world: usize) -> Result<Self, ConfigError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        Self::from_json(&v, world)
+    }
+
+    /// Parses a DeepSpeed JSON value for a run of `world` ranks.
+    ///
+    /// Batch keys: any two of `train_batch_size`, `train_micro_batch_size_per_gpu` and
+    /// `gradient_accumulation_steps` imply the third; all three must agree. With one
+    /// given, DeepSpeed's rules fill the rest: a lone `train_batch_size` means accumulation
+    /// 1, a lone micro batch or accumulation means the other is 1. With none (or all
+    /// `"auto"`), micro batch 1 and accumulation 1.
+    pub fn from_json(v: &Value, world: usize) -> Result<Self, ConfigError> {
+        let unsupported_top = [
+            ("prescale_gradients", json!(false)),
+            ("gradient_predivide_factor", json!(1.0)),
+            ("communication_data_type", Value::Null),
+            ("zero_allow_untested_optimizer", json!(false)),
+            ("zero_force_ds_cpu_optimizer", json!(true)),
+            ("dump_state", json!(false)),
+            ("amp", json!({"enabled": false})),
+            ("activation_checkpointing", json!({})),
+            ("flops_profiler", json!({"enabled": false})),
+            ("tensorboard", json!({"enabled": false})),
+            ("wandb", json!({"enabled": false})),
+            ("checkpoint", json!({})),
+            ("data_types", json!({})),
+        ];
+        let top = Obj::new("", v, TOP, &unsupported_top)?;
+        let mut notes = Vec::new();
+        let world = world.max(1) as u64;
+
+        let (train_batch_size, micro, accum) = batch(&top, world)?;
+        let gradient_clipping = top.f64_or("gradient_clipping", 1.0)?;
+        if gradient_clipping < 0.0 {
+            return Err(top.invalid("gradient_clipping", "must be >= 0 (0 disables clipping)"));
+        }
+        let optimizer = optimizer(&top)?;
+        let scheduler = scheduler(&top, optimizer.adam.lr as f64)?;
+        let precision = precision(&top)?;
+        let zero = zero(&top, &mut notes)?;
+        Ok(Self {
+            train_batch_size,
+            micro_batch_per_rank: micro,
+            gradient_accumulation_steps: accum,
+            gradient_clipping,
+            optimizer,
+            scheduler,
+            precision,
+            zero,
+            wall_clock_breakdown: top.bool_or("wall_clock_breakdown", false)?,
+            steps_per_print: top.count_or("steps_per_print", 10)?,
+            notes,
+        })
+    }
+}
+
+fn given(o: &Obj, key: &str) -> Result<Option<u64>, ConfigError> {
+    Ok(match o.count(key)? {
+        Some(Auto::Value(0)) => return Err(o.invalid(key, "must be at least 1")),
+        Some(Auto::Value(v)) => Some(v),
+        _ => None,
+    })
+}
+
+fn batch(top: &Obj, world: u64) -> Result<(u64, u64, u64), ConfigError> {
+    let tbs = given(top, "train_batch_size")?;
+    let mb = given(top, "train_micro_batch_size_per_gpu")?;
+    let gas = given(top, "gradient_accumulation_steps")?;
+    let split = |total: u64, by: u64, what: &str| {
+        if total % by == 0 {
+            Ok(total / by)
+        } else {
+            Err(ConfigError::Inconsistent(format!(
+                "train_batch_size {total} is not divisible by {what} = {by}"
+            )))
+        }
+    };
+    let (mb, gas) = match (tbs, mb, gas) {
+        (Some(t), Some(m), Some(g)) => check_triple(t, m, g, world)?,
+        (Some(t), Some(m), None) => (m, split(t, m * world, "micro batch × world")?),
+        (Some(t), None, Some(g)) => (split(t, g * world, "accumulation × world")?, g),
+        (Some(t), None, None) => (split(t, world, "world size")?, 1),
+        (None, Some(m), g) => (m, g.unwrap_or(1)),
+        (None, None, g) => (1, g.unwrap_or(1)),
+    };
+    if mb == 0 || gas == 0 {
+        return Err(ConfigError::Inconsistent(format!(
+            "train_batch_size {} is smaller than world size {world}",
+            tbs.unwrap_or(0)
+        )));
+    }
+    Ok((mb * gas * world, mb, gas))
+}
+
+fn check_triple(total: u64, m: u64, g: u64, world: u64) -> Result<(u64, u64), ConfigError> {
+    if m * g * world == total {
+        return Ok((m, g));
+    }
+    Err(ConfigError::Inconsistent(format!(
+        "train_batch_size {total} != train_micro_batch_size_per_gpu {m} × gradient_accumulation_steps {g} × world size {world} = {}",
+        m * g * world
+    )))
+}
+
+fn optimizer(top: &Obj) -> Result<OptimizerConfig, ConfigError> {
+    let Some(v) = top.get("optimizer") else {
+        return Err(ConfigError::InvalidValue {
+            key: "optimizer".into(),
+            reason: "an optimizer section is required (type Adam or AdamW)".into(),
+        });
+    };
+    let o = Obj::new("optimizer", v, &["type", "params"], &[])?;
+    let name = match o.str("type")?.map(str::to_ascii_lowercase).as_deref() {
+        Some("adam") => "Adam",
+        Some("adamw") => "AdamW",
+        Some(other) => {
+            return Err(ConfigError::Unsupported {
+                key: "optimizer.type".into(),
+                reason: format!("`{other}`: zero implements Adam and AdamW"),
+            })
+        }
+        None => return Err(o.invalid("type", "missing: Adam or AdamW")),
+    };
+    let empty = json!({});
+    let p = Obj::new(
+        "optimizer.params",
+        o.get("params").unwrap_or(&empty),
+        &[
+            "lr",
+            "betas",
+            "eps",
+            "weight_decay",
+            "bias_correction",
+            "adam_w_mode",
+        ],
+        &[
+            ("torch_adam", json!(false)),
+            ("amsgrad", json!(false)),
+            ("fused", Value::Null),
+        ],
+    )?;
+    let betas = match p.get("betas") {
+        None => (0.9, 0.999),
+        Some(Value::String(s)) if s == "auto" => (0.9, 0.999),
+        Some(Value::Array(a)) if a.len() == 2 => match (a[0].as_f64(), a[1].as_f64()) {
+            (Some(b1), Some(b2)) => (b1, b2),
+            _ => return Err(p.invalid("betas", "expected two numbers")),
+        },
+        Some(other) => {
+            return Err(p.invalid("betas", &format!("expected [beta1, beta2], got {other}")))
+        }
+    };
+    // DeepSpeed's "Adam" is FusedAdam with adam_w_mode=true: decoupled weight decay unless
+    // adam_w_mode is false. "AdamW" is always decoupled.
+    let decoupled = name == "AdamW" || p.bool_or("adam_w_mode", true)?;
+    let adam = AdamConfig {
+        lr: p.f64_or("lr", 1e-3)? as f32,
+        beta1: betas.0 as f32,
+        beta2: betas.1 as f32,
+        eps: p.f64_or("eps", 1e-8)? as f32,
+        weight_decay: p.f64_or("weight_decay", if name == "AdamW" { 0.01 } else { 0.0 })? as f32,
+        decay: if decoupled {
+            WeightDecay::Decoupled
+        } else {
+            WeightDecay::L2
+        },
+        bias_correction: p.bool_or("bias_correction", true)?,
+    };
+    adam.validate().map_err(|e| ConfigError::InvalidValue {
+        key: "optimizer.params".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(OptimizerConfig { name, adam })
+}
+
+fn scheduler(top: &Obj, lr: f64) -> Result<Option<SchedulerConfig>, ConfigError> {
+    let Some(v) = top.get("scheduler") else {
+        return Ok(None);
+    };
+    let o = Obj::new("scheduler", v, &["type", "params"], &[])?;
+    let ty = o.str("type")?.ok_or_else(|| o.invalid("type", "missing"))?;
+    let empty = json!({});
+    let params = o.get("params").unwrap_or(&empty);
+    let common = [
+        "warmup_min_lr",
+        "warmup_max_lr",
+        "warmup_num_steps",
+        "warmup_type",
+        "last_batch_iteration",
+    ];
+    let warmup_of = |p: &Obj| -> Result<WarmupType, ConfigError> {
+        match p.str("warmup_type")? {
+            None | Some("log") | Some("auto") => Ok(WarmupType::Log),
+            Some("linear") => Ok(WarmupType::Linear),
+            Some(other) => Err(p.invalid(
+                "warmup_type",
+                &format!("`{other}`: expected \"log\" or \"linear\""),
+            )),
+        }
+    };
+    let total_of = |p: &Obj| -> Result<u64, ConfigError> {
+        match p.count("total_num_steps")? {
+            Some(Auto::Value(v)) => Ok(v),
+            Some(Auto::Auto) => Err(p.invalid(
+                "total_num_steps",
+                "\"auto\" has no default here: set the number of training steps",
+            )),
+            None => Err(p.invalid("total_num_steps", "missing: required by this scheduler")),
+        }
+    };
+    let steps_of =
+        |p: &Obj| -> Result<u64, ConfigError> { Ok(p.count_or("warmup_num_steps", 1000)?.max(2)) };
+    Ok(Some(match ty {
+        "WarmupLR" => {
+            let p = Obj::new("scheduler.params", params, &common, &[])?;
+            SchedulerConfig::WarmupLr {
+                min_lr: p.f64_or("warmup_min_lr", 0.0)?,
+                max_lr: p.f64_or("warmup_max_lr", lr)?,
+                warmup_steps: steps_of(&p)?,
+                warmup: warmup_of(&p)?,
+            }
+        }
+        "WarmupDecayLR" => {
+            let keys: Vec<&str> = common.iter().copied().chain(["total_num_steps"]).collect();
+            let p = Obj::new("scheduler.params", params, &keys, &[])?;
+            SchedulerConfig::WarmupDecayLr {
+                min_lr: p.f64_or("warmup_min_lr", 0.0)?,
+                max_lr: p.f64_or("warmup_max_lr", lr)?,
+                warmup_steps: steps_of(&p)?,
+                warmup: warmup_of(&p)?,
+                total_steps: total_of(&p)?,
+            }
+        }
+        "WarmupCosineLR" => {
+            let keys = [
+                "total_num_steps",
+                "warmup_min_ratio",
+                "warmup_num_steps",
+                "cos_min_ratio",
+                "warmup_type",
+                "last_batch_iteration",
+            ];
+            let p = Obj::new("scheduler.params", params, &keys, &[])?;
+            SchedulerConfig::WarmupCosineLr {
+                warmup_min_ratio: p.f64_or("warmup_min_ratio", 0.0)?,
+                warmup_steps: steps_of(&p)?,
+                cos_min_ratio: p.f64_or("cos_min_ratio", 0.0001)?,
+                warmup: warmup_of(&p)?,
+                total_steps: total_of(&p)?,
+            }
+        }
+        other => {
+            return Err(ConfigError::Unsupported {
+                key: "scheduler.type".into(),
+                reason: format!(
+                    "`{other}`: zero implements WarmupLR, WarmupDecayLR and WarmupCosineLR"
+                ),
+            })
+        }
+    }))
+}
+
+fn precision(top: &Obj) -> Result<Precision, ConfigError> {
+    let enabled = |key: &str,
+                   known: &[&str],
+                   unsupported: &[(&str, Value)]|
+     -> Result<Option<Obj>, ConfigError> {
+        match top.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let o = Obj::new(key, v, known, unsupported)?;
+                Ok(o.bool_or("enabled", false)?.then_some(o))
+            }
+        }
+    };
+    let fp16 = enabled(
+        "fp16",
+        &[
+            "enabled",
+            "loss_scale",
+            "initial_scale_power",
+            "loss_scale_window",
+            "hysteresis",
+            "consecutive_hysteresis",
+            "min_loss_scale",
+        ],
+        &[
+            ("auto_cast", json!(false)),
+            ("fp16_master_weights_and_grads", json!(false)),
+        ],
+    )?;
+    let bf16 = enabled(
+        "bf16",
+        &["enabled"],
+        &[
+            ("bf16_master_weights_and_grads", json!(false)),
+            ("bf16_optimizer_states", json!(false)),
+            ("immediate_grad_update", json!(false)),
+        ],
+    )?;
+    match (fp16, bf16) {
+        (Some(_), Some(_)) => Err(ConfigError::Inconsistent(
+            "fp16 and bf16 are both enabled".into(),
+        )),
+        (None, Some(_)) => Ok(Precision::Bf16),
+        (None, None) => Ok(Precision::Fp32),
+        (Some(o), None) => {
+            let cfg = LossScaleConfig {
+                loss_scale: o.f64_or("loss_scale", 0.0)?,
+                initial_scale_power: o.count_or("initial_scale_power", 16)?.min(127) as u32,
+                loss_scale_window: o.count_or("loss_scale_window", 1000)?.max(1),
+                hysteresis: o.count_or("hysteresis", 2)?.max(1),
+                consecutive_hysteresis: o.bool_or("consecutive_hysteresis", false)?,
+                min_loss_scale: o.f64_or("min_loss_scale", 1.0)?,
+            };
+            if cfg.loss_scale < 0.0 || !cfg.loss_scale.is_finite() {
+                return Err(o.invalid(
+                    "loss_scale",
+                    "must be 0 (dynamic) or a positive static scale",
+                ));
+            }
+            if cfg.min_loss_scale <= 0.0 || cfg.min_loss_scale.is_nan() {
+                return Err(o.invalid("min_loss_scale", "must be > 0"));
+            }
+            Ok(Precision::Fp16(cfg))
+        }
+    }
+}
+
+fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigError> {
+    let empty = json!({});
+    let unsupported = [
+        ("load_from_fp32_weights", json!(true)),
+        ("elastic_checkpoint", json!(false)),
+        ("use_multi_rank_bucket_allreduce", json!(true)),
+        ("ignore_unused_parameters", json!(true)),
+        ("round_robin_gradients", json!(false)),
+        ("legacy_stage1", json!(false)),
+        ("stage3_model_persistence_threshold", Value::Null),
+        ("stage3_module_granularity_threshold", json!(0)),
+        ("stage3_use_all_reduce_for_fetch_params", json!(false)),
+        ("stage3_allgather_sequential", json!(false)),
+        ("zero_hpz_partition_size", json!(1)),
+        ("zero_quantized_weights", json!(false)),
+        ("zero_quantized_nontrainable_weights", json!(false)),
+        ("zero_quantized_gradients", json!(false)),
+        ("mics_shard_size", json!(-1)),
+        ("mics_hierarchical_params_gather", json!(false)),
+        ("memory_efficient_linear", json!(true)),
+        ("cpu_offload", json!(false)),
+        ("cpu_offload_param", json!(false)),
+        ("cpu_offload_use_pin_memory", json!(false)),
+        ("stage3_gather_fp16_weights_on_model_save", json!(false)),
+    ];
+    let o = Obj::new(
+        "zero_optimization",
+        top.get("zero_optimization").unwrap_or(&empty),
+        ZERO_KEYS,
+        &unsupported,
+    )?;
+    let stage = match o.count_or("stage", 0)? {
+        s @ 0..=3 => s as u8,
+        s => return Err(o.invalid("stage", &format!("{s}: expected 0, 1, 2 or 3"))),
+    };
+    for (key, default) in [("reduce_scatter", true), ("allgather_partitions", true)] {
+        if o.bool_or(key, default)? != default {
+            return Err(ConfigError::Unsupported {
+                key: o.path(key),
+                reason: if key == "reduce_scatter" {
+                    "stages 1-3 always reduce-scatter straight into the owning rank (never all-reduce then slice)".into()
+                } else {
+                    "parameters are always re-gathered with all-gather, not a series of broadcasts"
+                        .into()
+                },
+            });
+        }
+    }
+    for key in ["offload_optimizer", "offload_param"] {
+        if let Some(v) = o.get(key) {
+            let off = Obj::new(
+                &o.path(key),
+                v,
+                &[
+                    "device",
+                    "nvme_path",
+                    "buffer_count",
+                    "buffer_size",
+                    "max_in_cpu",
+                    "pin_memory",
+                    "pipeline_read",
+                    "pipeline_write",
+                    "fast_init",
+                    "ratio",
+                ],
+                &[],
+            )?;
+            match off.str("device")? {
+                None | Some("none") => {}
+                Some(dev) => {
+                    return Err(ConfigError::Unsupported {
+                        key: off.path("device"),
+                        reason: format!(
+                            "offload to `{dev}` arrives with the offload issue; use \"none\""
+                        ),
+                    })
+                }
+            }
+        }
+    }
+    let contiguous_gradients = o.bool_or("contiguous_gradients", true)?;
+    if !contiguous_gradients {
+        notes.push("zero_optimization.contiguous_gradients=false: zero always writes gradients into contiguous buckets".into());
+    }
+    if o.get("allgather_bucket_size").is_some() {
+        notes.push("zero_optimization.allgather_bucket_size: parameters are all-gathered per reduce bucket (the same units as the reduce-scatter), so this size has no further effect".into());
+    }
+    if o.get("sub_group_size").is_some() {
+        notes.push("zero_optimization.sub_group_size: the optimizer steps the owned partition in one fused pass; sub-groups matter only with NVMe offload".into());
+    }
+    if stage < 3 {
+        // (stage3_param_persistence_threshold also shapes the bucket plan of every stage.)
+        for key in [
+            "stage3_prefetch_bucket_size",
+            "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
+        ] {
+            if o.get(key).is_some() {
+                notes.push(format!("zero_optimization.{key} applies to stage 3 only"));
+            }
+        }
+    }
+    Ok(ZeroOptimization {
+        stage,
+        overlap_comm: o.bool_or("overlap_comm", stage == 3)?,
+        contiguous_gradients,
+        reduce_bucket_size: o.count_or("reduce_bucket_size", 500_000_000)?.max(1),
+        allgather_bucket_size: o.count_or("allgather_bucket_size", 500_000_000)?,
+        prefetch_bucket_size: o.count_or("stage3_prefetch_bucket_size", 50_000_000)?,
+        param_persistence_threshold: o.count_or("stage3_param_persistence_threshold", 100_000)?,
+        max_live_parameters: o.count_or("stage3_max_live_parameters", 1_000_000_000)?,
+        max_reuse_distance: o.count_or("stage3_max_reuse_distance", 1_000_000_000)?,
+        gather_16bit_weights_on_model_save: o
+            .bool_or("stage3_gather_16bit_weights_on_model_save", false)?,
+        sub_group_size: o.count_or("sub_group_size", 1_000_000_000)?,
+    })
+}

@@ -1,0 +1,262 @@
+use zero_kernels::WeightDecay;
+use zero_runtime::config::{SchedulerConfig, WarmupType};
+use zero_runtime::{ConfigError, Precision, ZeroConfig};
+
+const MIN: &str = r#""optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}"#;
+
+fn parse(body: &str, world: usize) -> Result<ZeroConfig, ConfigError> {
+    let sep = if body.is_empty() { "" } else { "," };
+    ZeroConfig::from_json_str(&format!("{{{MIN}{sep}{body}}}"), world)
+}
+
+#[test]
+fn defaults_are_deepspeeds() {
+    let c = parse("", 4).unwrap();
+    assert_eq!(
+        (
+            c.micro_batch_per_rank,
+            c.gradient_accumulation_steps,
+            c.train_batch_size
+        ),
+        (1, 1, 4)
+    );
+    assert_eq!(c.gradient_clipping, 1.0);
+    assert_eq!(c.precision, Precision::Fp32);
+    assert_eq!(c.zero.stage, 0);
+    assert_eq!(c.zero.reduce_bucket_size, 500_000_000);
+    assert_eq!(c.zero.prefetch_bucket_size, 50_000_000);
+    assert_eq!(c.zero.param_persistence_threshold, 100_000);
+    assert!(!c.zero.overlap_comm);
+    assert_eq!(c.steps_per_print, 10);
+    let c3 = parse(r#""zero_optimization": {"stage": 3}"#, 2).unwrap();
+    assert!(
+        c3.zero.overlap_comm,
+        "overlap_comm defaults to true for stage 3"
+    );
+}
+
+#[test]
+fn scientific_numbers_and_auto_are_accepted() {
+    let c = parse(
+        r#""zero_optimization": {"stage": 2, "reduce_bucket_size": 5e7, "allgather_bucket_size": "auto"}, "gradient_clipping": "auto""#,
+        2,
+    )
+    .unwrap();
+    assert_eq!(c.zero.reduce_bucket_size, 50_000_000);
+    assert_eq!(c.gradient_clipping, 1.0);
+    assert!(
+        c.notes.iter().any(|n| n.contains("allgather_bucket_size")),
+        "{:?}",
+        c.notes
+    );
+    let e = parse(r#""zero_optimization": {"reduce_bucket_size": 2.5}"#, 2).unwrap_err();
+    assert!(e.to_string().contains("reduce_bucket_size"), "{e}");
+}
+
+#[test]
+fn any_two_batch_keys_imply_the_third_and_a_bad_triple_is_an_error() {
+    let c = parse(
+        r#""train_batch_size": 24, "train_micro_batch_size_per_gpu": 2"#,
+        4,
+    )
+    .unwrap();
+    assert_eq!(c.gradient_accumulation_steps, 3);
+    let c = parse(
+        r#""train_batch_size": 24, "gradient_accumulation_steps": 3"#,
+        4,
+    )
+    .unwrap();
+    assert_eq!(c.micro_batch_per_rank, 2);
+    let c = parse(
+        r#""train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3"#,
+        4,
+    )
+    .unwrap();
+    assert_eq!(c.train_batch_size, 24);
+    let c = parse(
+        r#""train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3"#,
+        4,
+    )
+    .unwrap();
+    assert_eq!(c.train_batch_size, 24);
+    let e = parse(
+        r#""train_batch_size": 25, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3"#,
+        4,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConfigError::Inconsistent(_)), "{e}");
+    assert!(e.to_string().contains("25"), "{e}");
+    let e = parse(
+        r#""train_batch_size": 10, "train_micro_batch_size_per_gpu": 4"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not divisible"), "{e}");
+}
+
+#[test]
+fn misspelled_keys_name_the_closest_known_key() {
+    let e = parse(
+        r#""zero_optimization": {"stage": 2, "reduce_bucket_sise": 100}"#,
+        2,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::UnknownKey {
+            key: "zero_optimization.reduce_bucket_sise".into(),
+            suggestion: Some("reduce_bucket_size".into())
+        }
+    );
+    assert!(
+        e.to_string().contains("did you mean `reduce_bucket_size`"),
+        "{e}"
+    );
+    let e = parse(r#""gradient_cliping": 1.0"#, 2).unwrap_err();
+    assert!(e.to_string().contains("gradient_clipping"), "{e}");
+    let e = parse(r#""fp16": {"enabled": true, "loss_scale_windo": 10}"#, 2).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("fp16.loss_scale_windo") && msg.contains("loss_scale_window"),
+        "{msg}"
+    );
+    let e = parse(r#""completely_unrelated": 1"#, 2).unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::UnknownKey {
+            key: "completely_unrelated".into(),
+            suggestion: None
+        }
+    );
+}
+
+#[test]
+fn known_but_unsupported_keys_say_so() {
+    let e = parse(
+        r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConfigError::Unsupported { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("offload_optimizer.device") && msg.contains("offload issue"),
+        "{msg}"
+    );
+    assert!(parse(
+        r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}"#,
+        2
+    )
+    .is_ok());
+    let e = parse(
+        r#""zero_optimization": {"stage": 1, "reduce_scatter": false}"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("reduce-scatter"), "{e}");
+    let e = parse(
+        r#""zero_optimization": {"zero_quantized_weights": true}"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not supported yet"), "{e}");
+    // The DeepSpeed default of an unimplemented key changes nothing and is accepted.
+    assert!(parse(
+        r#""zero_optimization": {"zero_quantized_weights": false}"#,
+        2
+    )
+    .is_ok());
+    let e = parse(
+        r#""activation_checkpointing": {"partition_activations": true}"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("activation_checkpointing"), "{e}");
+}
+
+#[test]
+fn precision_and_optimizer_sections() {
+    let c = parse(
+        r#""fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 3}"#,
+        1,
+    )
+    .unwrap();
+    match c.precision {
+        Precision::Fp16(l) => {
+            assert_eq!(
+                (
+                    l.loss_scale,
+                    l.initial_scale_power,
+                    l.hysteresis,
+                    l.loss_scale_window
+                ),
+                (0.0, 8, 3, 1000)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        parse(r#""bf16": {"enabled": true}"#, 1).unwrap().precision,
+        Precision::Bf16
+    );
+    let e = parse(r#""bf16": {"enabled": true}, "fp16": {"enabled": true}"#, 1).unwrap_err();
+    assert!(matches!(e, ConfigError::Inconsistent(_)));
+    let c = ZeroConfig::from_json_str(
+        r#"{"optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.8, 0.99], "weight_decay": 0.1, "adam_w_mode": false}}}"#,
+        1,
+    )
+    .unwrap();
+    assert_eq!(c.optimizer.adam.decay, WeightDecay::L2);
+    assert_eq!(
+        (c.optimizer.adam.beta1, c.optimizer.adam.beta2),
+        (0.8, 0.99)
+    );
+    let c = ZeroConfig::from_json_str(
+        r#"{"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1}}}"#,
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        c.optimizer.adam.decay,
+        WeightDecay::Decoupled,
+        "DeepSpeed's Adam defaults to adam_w_mode=true"
+    );
+    let e = ZeroConfig::from_json_str(
+        r#"{"optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.5]}}}"#,
+        1,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("beta2"), "{e}");
+}
+
+#[test]
+fn schedulers_parse_with_defaults() {
+    let c = parse(
+        r#""scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}"#,
+        1,
+    )
+    .unwrap();
+    let want = SchedulerConfig::WarmupLr {
+        min_lr: 0.0,
+        max_lr: 1e-3f32 as f64,
+        warmup_steps: 10,
+        warmup: WarmupType::Log,
+    };
+    assert_eq!(c.scheduler, Some(want));
+    let e = parse(
+        r#""scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto"}}"#,
+        1,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("total_num_steps"), "{e}");
+    let e = parse(r#""scheduler": {"type": "OneCycle"}"#, 1).unwrap_err();
+    assert!(matches!(e, ConfigError::Unsupported { .. }), "{e}");
+}
+
+#[test]
+fn not_json_is_an_error() {
+    assert!(matches!(
+        ZeroConfig::from_json_str("{", 1),
+        Err(ConfigError::Json(_))
+    ));
+}

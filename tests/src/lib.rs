@@ -1,1 +1,320 @@
-//! Shared helpers of the integration tests.
+//! Shared helpers of the integration tests: a small MLP with a hand-written backward, a
+//! trainer loop over the engine, and a single-process Adam reference.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use zero_comm::{HostComm, HostGroup};
+use zero_runtime::{
+    Engine, EngineError, HostDevice, ModuleSpec, ParamSpec, StepOutcome, ZeroConfig,
+};
+
+/// Layer widths: input 7 → 13 → 5 → 3 (sizes that divide by nothing useful).
+pub const DIMS: [usize; 4] = [7, 13, 5, 3];
+
+/// A fresh seed (or `ZERO_TEST_SEED`), printed.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("ZERO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(11)
+        });
+    println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
+    seed
+}
+
+/// The model: three linear layers (weight `[out, in]`, bias `[out]`), one module each.
+pub fn mlp_modules() -> Vec<ModuleSpec> {
+    (0..3)
+        .map(|l| {
+            ModuleSpec::new(
+                format!("layer{l}"),
+                vec![
+                    ParamSpec::new("weight", &[DIMS[l + 1], DIMS[l]]),
+                    ParamSpec::new("bias", &[DIMS[l + 1]]),
+                ],
+            )
+        })
+        .collect()
+}
+
+/// Initial values for parameter `id`, the same on every rank for a seed.
+pub fn init_values(seed: u64, id: usize, out: &mut [f32]) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (0x9e37_79b9 * (id as u64 + 1)));
+    for v in out {
+        *v = rng.gen_range(-0.5..0.5);
+    }
+}
+
+/// Fixed data: `n` samples of (input, target).
+pub fn dataset(seed: u64, n: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xda7a);
+    (0..n)
+        .map(|_| {
+            let x: Vec<f32> = (0..DIMS[0]).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let y: Vec<f32> = (0..DIMS[3]).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            (x, y)
+        })
+        .collect()
+}
+
+/// Forward and backward of the MLP (tanh after layers 0 and 1, mean squared error) on a
+/// batch, with the loss multiplied by `factor`. Returns the unscaled mean loss and the
+/// gradients `[layer][weight, bias]`.
+pub fn loss_and_grads(
+    params: &[Vec<Vec<f32>>],
+    batch: &[(Vec<f32>, Vec<f32>)],
+    factor: f32,
+) -> (f32, Vec<Vec<Vec<f32>>>) {
+    let mut grads: Vec<Vec<Vec<f32>>> = params
+        .iter()
+        .map(|l| l.iter().map(|p| vec![0.0; p.len()]).collect())
+        .collect();
+    let mut loss = 0f32;
+    let scale = factor / (batch.len() * DIMS[3]) as f32;
+    for (x, y) in batch {
+        let mut acts = vec![x.clone()];
+        for l in 0..3 {
+            let (w, b) = (&params[l][0], &params[l][1]);
+            let inp = &acts[l];
+            let mut out: Vec<f32> = (0..DIMS[l + 1])
+                .map(|o| {
+                    b[o] + (0..DIMS[l])
+                        .map(|i| w[o * DIMS[l] + i] * inp[i])
+                        .sum::<f32>()
+                })
+                .collect();
+            if l < 2 {
+                out.iter_mut().for_each(|v| *v = v.tanh());
+            }
+            acts.push(out);
+        }
+        let mut delta: Vec<f32> = acts[3].iter().zip(y).map(|(p, t)| p - t).collect();
+        loss += delta.iter().map(|d| d * d).sum::<f32>();
+        delta.iter_mut().for_each(|d| *d *= 2.0 * scale);
+        for l in (0..3).rev() {
+            if l < 2 {
+                // Through tanh: d/dz tanh(z) = 1 - tanh².
+                delta
+                    .iter_mut()
+                    .zip(&acts[l + 1])
+                    .for_each(|(d, a)| *d *= 1.0 - a * a);
+            }
+            let inp = &acts[l];
+            for o in 0..DIMS[l + 1] {
+                for i in 0..DIMS[l] {
+                    grads[l][0][o * DIMS[l] + i] += delta[o] * inp[i];
+                }
+                grads[l][1][o] += delta[o];
+            }
+            let w = &params[l][0];
+            delta = (0..DIMS[l])
+                .map(|i| {
+                    (0..DIMS[l + 1])
+                        .map(|o| w[o * DIMS[l] + i] * delta[o])
+                        .sum()
+                })
+                .collect();
+        }
+    }
+    (loss / (batch.len() * DIMS[3]) as f32, grads)
+}
+
+/// Per step: which sample indices rank `r` uses in micro-step `k`.
+pub fn micro_batch(
+    step: usize,
+    k: usize,
+    r: usize,
+    world: usize,
+    micro: usize,
+    accum: usize,
+) -> std::ops::Range<usize> {
+    let start = ((step * accum + k) * world + r) * micro;
+    start..start + micro
+}
+
+/// A hook to tamper with gradients: `(step, micro, rank, grads)`.
+pub type GradHook<'a> = &'a (dyn Fn(usize, usize, usize, &mut Vec<Vec<Vec<f32>>>) + Sync);
+
+/// Runs one optimizer step of the trainer loop on this rank: `accum` micro-steps of
+/// fetch → forward → release, then fetch → backward → grads_ready → release in reverse.
+pub fn train_step(
+    engine: &mut Engine<HostComm, HostDevice>,
+    data: &[(Vec<f32>, Vec<f32>)],
+    step: usize,
+    hook: Option<GradHook>,
+) -> Result<(f32, StepOutcome), EngineError> {
+    let cfg = engine.config().clone();
+    let (world, rank) = (engine.world_size(), engine.rank());
+    let (micro, accum) = (
+        cfg.micro_batch_per_rank as usize,
+        cfg.gradient_accumulation_steps as usize,
+    );
+    let mut loss_sum = 0.0;
+    for k in 0..accum {
+        let batch = &data[micro_batch(step, k, rank, world, micro, accum)];
+        let mut params = Vec::new();
+        for m in 0..3 {
+            engine.fetch(m)?;
+            params.push(engine.params_f32(m)?);
+            engine.release(m)?;
+        }
+        let (loss, mut grads) = loss_and_grads(&params, batch, engine.loss_scale_factor() as f32);
+        if let Some(h) = hook {
+            h(step, k, rank, &mut grads);
+        }
+        loss_sum += loss;
+        for m in (0..3).rev() {
+            engine.fetch(m)?;
+            let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
+            engine.add_grads_f32(m, &g)?;
+            engine.grads_ready(m)?;
+            engine.release(m)?;
+        }
+    }
+    let outcome = engine.step()?;
+    Ok((loss_sum / accum as f32, outcome))
+}
+
+/// Every parameter as f32, `[layer][weight, bias]` (collective in stage 3: call on all
+/// ranks).
+pub fn full_params(
+    engine: &mut Engine<HostComm, HostDevice>,
+) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
+    (0..3)
+        .map(|m| {
+            engine.fetch(m)?;
+            let p = engine.params_f32(m)?;
+            engine.release(m)?;
+            Ok(p)
+        })
+        .collect()
+}
+
+/// Runs `f` on an engine per rank, each in its own thread; returns rank results in order.
+pub fn run_ranks<R: Send>(
+    world: usize,
+    config: &str,
+    seed: u64,
+    f: impl Fn(&mut Engine<HostComm, HostDevice>) -> R + Sync,
+) -> Vec<R> {
+    let cfg = ZeroConfig::from_json_str(config, world).expect("valid config");
+    let comms = HostGroup::with_timeout(world, std::time::Duration::from_secs(30)).expect("group");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (cfg, f) = (cfg.clone(), &f);
+                s.spawn(move || {
+                    let mut e = Engine::new(cfg, mlp_modules(), comm, HostDevice, |id, _, v| {
+                        init_values(seed, id, v)
+                    })
+                    .expect("engine");
+                    f(&mut e)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
+    })
+}
+
+/// The single-process reference: plain Adam/AdamW (torch's formula, in f64) on the mean
+/// gradient of the whole global batch, clipped as DeepSpeed clips. Master weights start
+/// from `round(init)` in the run's precision, as the engine's do.
+pub struct Reference {
+    /// Parameters `[layer][weight, bias]`.
+    pub params: Vec<Vec<Vec<f64>>>,
+    m: Vec<Vec<Vec<f64>>>,
+    v: Vec<Vec<Vec<f64>>>,
+    step: i32,
+}
+
+impl Reference {
+    /// Starts from the engine's initial values, rounded by `round`.
+    pub fn new(seed: u64, round: impl Fn(f32) -> f32) -> Self {
+        let mut id = 0;
+        let params: Vec<Vec<Vec<f64>>> = (0..3)
+            .map(|l| {
+                [DIMS[l + 1] * DIMS[l], DIMS[l + 1]]
+                    .iter()
+                    .map(|&n| {
+                        let mut v = vec![0f32; n];
+                        init_values(seed, id, &mut v);
+                        id += 1;
+                        v.iter().map(|x| round(*x) as f64).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let zeros = params
+            .iter()
+            .map(|l| l.iter().map(|p| vec![0.0; p.len()]).collect())
+            .collect::<Vec<Vec<Vec<f64>>>>();
+        Self {
+            m: zeros.clone(),
+            v: zeros,
+            params,
+            step: 0,
+        }
+    }
+
+    /// One step on `batch` (the whole global batch) with the config's hyper-parameters.
+    pub fn step(&mut self, cfg: &ZeroConfig, batch: &[(Vec<f32>, Vec<f32>)]) {
+        let p32: Vec<Vec<Vec<f32>>> = self
+            .params
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|p| p.iter().map(|x| *x as f32).collect())
+                    .collect()
+            })
+            .collect();
+        let (_, g) = loss_and_grads(&p32, batch, 1.0);
+        let norm = g
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|x| (*x as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let clip = if cfg.gradient_clipping > 0.0 {
+            (norm + 1e-6) / cfg.gradient_clipping
+        } else {
+            1.0
+        };
+        let coef = if clip > 1.0 { 1.0 / clip } else { 1.0 };
+        let a = cfg.optimizer.adam;
+        let (lr, b1, b2, eps, wd) = (
+            a.lr as f64,
+            a.beta1 as f64,
+            a.beta2 as f64,
+            a.eps as f64,
+            a.weight_decay as f64,
+        );
+        self.step += 1;
+        let (bc1, bc2) = (1.0 - b1.powi(self.step), 1.0 - b2.powi(self.step));
+        let params = self.params.iter_mut().flatten().flatten();
+        let moments = self
+            .m
+            .iter_mut()
+            .flatten()
+            .flatten()
+            .zip(self.v.iter_mut().flatten().flatten());
+        for ((w, (m, v)), g) in params.zip(moments).zip(g.iter().flatten().flatten()) {
+            let mut gi = *g as f64 * coef;
+            match a.decay {
+                zero_runtime::kernels::WeightDecay::L2 => gi += wd * *w,
+                zero_runtime::kernels::WeightDecay::Decoupled => *w -= lr * wd * *w,
+            }
+            *m = b1 * *m + (1.0 - b1) * gi;
+            *v = b2 * *v + (1.0 - b2) * gi * gi;
+            *w -= (lr / bc1) * *m / (v.sqrt() / bc2.sqrt() + eps);
+        }
+    }
+}

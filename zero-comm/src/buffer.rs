@@ -52,6 +52,16 @@ impl HostBuffer {
         self.len() * self.dtype().size_of()
     }
 
+    /// The elements as `T`, if that is what it holds.
+    pub fn as_slice<T: HostElement>(&self) -> Option<&[T]> {
+        T::slice(self)
+    }
+
+    /// The elements as mutable `T`, if that is what it holds.
+    pub fn as_mut_slice<T: HostElement>(&mut self) -> Option<&mut [T]> {
+        T::slice_mut(self)
+    }
+
     /// The `f32` vector, if that is what it holds.
     pub fn into_f32(self) -> Option<Vec<f32>> {
         match self {
@@ -78,8 +88,10 @@ impl HostBuffer {
 }
 
 /// Element types a [`HostBuffer`] can hold, with typed access to it.
-pub(crate) trait HostElement: Element {
+pub trait HostElement: Element {
+    /// The typed slice, if `b` holds this type.
     fn slice(b: &HostBuffer) -> Option<&[Self]>;
+    /// The typed mutable slice, if `b` holds this type.
     fn slice_mut(b: &mut HostBuffer) -> Option<&mut [Self]>;
 }
 

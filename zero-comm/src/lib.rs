@@ -8,7 +8,7 @@ mod host;
 mod op;
 mod stats;
 
-pub use buffer::HostBuffer;
+pub use buffer::{HostBuffer, HostElement};
 pub use communicator::{Communicator, Completion};
 pub use error::CommError;
 pub use host::{HostComm, HostGroup, HostWork, DEFAULT_TIMEOUT};

@@ -2,10 +2,21 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod device;
+pub mod engine;
+mod error;
+pub mod model;
+pub mod plan;
 pub mod scaler;
 pub mod schedule;
 
 pub use config::{ConfigError, Precision, ZeroConfig};
+pub use device::{Device, HostDevice};
+pub use engine::{
+    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StepOutcome, Timings,
+};
+pub use error::EngineError;
+pub use model::{ModuleSpec, ParamSpec};
 
 /// The kernels the engine runs (`zero-kernels`).
 pub use zero_kernels as kernels;

@@ -1,0 +1,242 @@
+//! The buffer operations the engine needs, behind one trait, so the same engine runs on
+//! host memory now and on a GPU later (the CUDA path implements [`Device`] over device
+//! buffers). All ranges are in elements; copies convert dtype in the same pass.
+
+use crate::EngineError;
+use half::{bf16, f16};
+use std::ops::Range;
+use zero_comm::HostBuffer;
+use zero_kernels::{
+    adam_step, cast, grad_stats, AdamConfig, DType, Element, GradStats, KernelError,
+};
+
+/// fp32 optimizer state of one owned range.
+#[derive(Debug)]
+pub struct AdamState<B> {
+    /// Master weights.
+    pub master: B,
+    /// First moment.
+    pub exp_avg: B,
+    /// Second moment.
+    pub exp_avg_sq: B,
+}
+
+/// Buffer operations of one device.
+pub trait Device: Send {
+    /// The buffer type (the communicator's buffer type too).
+    type Buffer: Send + 'static;
+    /// A zeroed buffer.
+    fn zeros(&self, dtype: DType, len: usize) -> Self::Buffer;
+    /// Element count.
+    fn len(&self, b: &Self::Buffer) -> usize;
+    /// Element type.
+    fn dtype(&self, b: &Self::Buffer) -> DType;
+    /// Changes the length, zero-filling new elements (keeps the allocation when shrinking).
+    fn resize(&self, b: &mut Self::Buffer, len: usize);
+    /// Writes host `f32` values at `offset`, rounding to the buffer's dtype.
+    fn upload_f32(
+        &self,
+        dst: &mut Self::Buffer,
+        offset: usize,
+        src: &[f32],
+    ) -> Result<(), EngineError>;
+    /// Reads `src[range]` back to the host as `f32`.
+    fn download_f32(
+        &self,
+        src: &Self::Buffer,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>, EngineError>;
+    /// Copies `src[range]` to `dst[offset..]`, converting dtype.
+    fn copy(
+        &self,
+        src: &Self::Buffer,
+        range: Range<usize>,
+        dst: &mut Self::Buffer,
+        offset: usize,
+    ) -> Result<(), EngineError>;
+    /// `acc[offset..] += src[range]` with an `f32` accumulator.
+    fn accumulate(
+        &self,
+        acc: &mut Self::Buffer,
+        offset: usize,
+        src: &Self::Buffer,
+        range: Range<usize>,
+    ) -> Result<(), EngineError>;
+    /// Zeroes `b[range]`.
+    fn zero(&self, b: &mut Self::Buffer, range: Range<usize>);
+    /// Non-finite check and sum of squares of `b[range]`.
+    fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> GradStats;
+    /// One fused Adam step over the whole `state`, with gradients `grads[range]`, writing
+    /// the rounded weights to `params[offset..]`.
+    #[allow(clippy::too_many_arguments)]
+    fn adam(
+        &self,
+        cfg: &AdamConfig,
+        step: u64,
+        grad_scale: f32,
+        state: &mut AdamState<Self::Buffer>,
+        grads: &Self::Buffer,
+        range: Range<usize>,
+        params: &mut Self::Buffer,
+        offset: usize,
+    ) -> Result<(), EngineError>;
+}
+
+/// Host memory: buffers are [`HostBuffer`]s and the kernels are `zero-kernels`' CPU half.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostDevice;
+
+/// Runs `$body` with `$s` bound to the typed slice of `$buf`.
+macro_rules! with_slice {
+    ($buf:expr, $s:ident => $body:expr) => {
+        match $buf {
+            HostBuffer::F32($s) => $body,
+            HostBuffer::F16($s) => $body,
+            HostBuffer::BF16($s) => $body,
+        }
+    };
+}
+
+fn f32_mut<'a>(b: &'a mut HostBuffer, what: &str) -> Result<&'a mut Vec<f32>, EngineError> {
+    match b {
+        HostBuffer::F32(v) => Ok(v),
+        other => Err(EngineError::Internal(format!(
+            "{what} must be f32, is {}",
+            other.dtype()
+        ))),
+    }
+}
+
+fn range_check(what: &str, range: &Range<usize>, len: usize) -> Result<(), EngineError> {
+    if range.start <= range.end && range.end <= len {
+        Ok(())
+    } else {
+        Err(EngineError::Internal(format!(
+            "{what}: range {range:?} outside a buffer of {len}"
+        )))
+    }
+}
+
+fn copy_typed<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<(), KernelError> {
+    cast(src, dst)
+}
+
+impl Device for HostDevice {
+    type Buffer = HostBuffer;
+
+    fn zeros(&self, dtype: DType, len: usize) -> HostBuffer {
+        HostBuffer::zeros(dtype, len)
+    }
+
+    fn len(&self, b: &HostBuffer) -> usize {
+        b.len()
+    }
+
+    fn dtype(&self, b: &HostBuffer) -> DType {
+        b.dtype()
+    }
+
+    fn resize(&self, b: &mut HostBuffer, len: usize) {
+        match b {
+            HostBuffer::F32(v) => v.resize(len, 0.0),
+            HostBuffer::F16(v) => v.resize(len, f16::ZERO),
+            HostBuffer::BF16(v) => v.resize(len, bf16::ZERO),
+        }
+    }
+
+    fn upload_f32(
+        &self,
+        dst: &mut HostBuffer,
+        offset: usize,
+        src: &[f32],
+    ) -> Result<(), EngineError> {
+        range_check("upload", &(offset..offset + src.len()), dst.len())?;
+        with_slice!(dst, d => copy_typed(src, &mut d[offset..offset + src.len()])?);
+        Ok(())
+    }
+
+    fn download_f32(&self, src: &HostBuffer, range: Range<usize>) -> Result<Vec<f32>, EngineError> {
+        range_check("download", &range, src.len())?;
+        let mut out = vec![0f32; range.len()];
+        with_slice!(src, s => copy_typed(&s[range.clone()], &mut out)?);
+        Ok(out)
+    }
+
+    fn copy(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        range_check("copy source", &range, src.len())?;
+        range_check(
+            "copy destination",
+            &(offset..offset + range.len()),
+            dst.len(),
+        )?;
+        let n = range.len();
+        with_slice!(src, s => with_slice!(dst, d => copy_typed(&s[range.clone()], &mut d[offset..offset + n])?));
+        Ok(())
+    }
+
+    fn accumulate(
+        &self,
+        acc: &mut HostBuffer,
+        offset: usize,
+        src: &HostBuffer,
+        range: Range<usize>,
+    ) -> Result<(), EngineError> {
+        range_check("accumulate source", &range, src.len())?;
+        let acc = f32_mut(acc, "gradient accumulator")?;
+        range_check("accumulator", &(offset..offset + range.len()), acc.len())?;
+        let dst = &mut acc[offset..offset + range.len()];
+        with_slice!(src, s => {
+            for (a, x) in dst.iter_mut().zip(&s[range.clone()]) {
+                *a += Element::to_f32(*x);
+            }
+        });
+        Ok(())
+    }
+
+    fn zero(&self, b: &mut HostBuffer, range: Range<usize>) {
+        with_slice!(b, s => {
+            if let Some(s) = s.get_mut(range) {
+                s.fill(Default::default());
+            }
+        });
+    }
+
+    fn stats(&self, b: &HostBuffer, range: Range<usize>) -> GradStats {
+        with_slice!(b, s => s.get(range).map_or(GradStats::EMPTY, grad_stats))
+    }
+
+    fn adam(
+        &self,
+        cfg: &AdamConfig,
+        step: u64,
+        grad_scale: f32,
+        state: &mut AdamState<HostBuffer>,
+        grads: &HostBuffer,
+        range: Range<usize>,
+        params: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        let n = state.master.len();
+        range_check("adam gradients", &range, grads.len())?;
+        range_check("adam parameters", &(offset..offset + n), params.len())?;
+        let master = f32_mut(&mut state.master, "master weights")?;
+        let m = match &mut state.exp_avg {
+            HostBuffer::F32(v) => v,
+            _ => return Err(EngineError::Internal("exp_avg must be f32".into())),
+        };
+        let v = match &mut state.exp_avg_sq {
+            HostBuffer::F32(v) => v,
+            _ => return Err(EngineError::Internal("exp_avg_sq must be f32".into())),
+        };
+        with_slice!(grads, g => with_slice!(params, p => {
+            adam_step(cfg, step, grad_scale, master, m, v, &g[range.clone()], Some(&mut p[offset..offset + n]))?
+        }));
+        Ok(())
+    }
+}

@@ -1,0 +1,191 @@
+//! Stage 3: parameters are gathered bucket by bucket just before use and freed right after.
+//!
+//! The first micro-step records the order of `fetch` calls (the trace). Later passes use it
+//! to prefetch the next buckets, up to `stage3_prefetch_bucket_size` elements ahead and
+//! never more than `stage3_max_live_parameters` gathered at once, and to keep a released
+//! bucket whose next use is close: a bucket is kept if the elements the trace gathers from
+//! now up to and including its next use are at most `stage3_max_reuse_distance` (so 0
+//! never keeps one). If a pass departs from the trace, the trace is dropped: no prefetch,
+//! no reuse, until it is recorded again. Persistent buckets are never gathered or freed.
+
+use super::Engine;
+use crate::device::Device;
+use crate::EngineError;
+use std::time::Instant;
+use zero_comm::{Communicator, Completion};
+
+/// The recorded order of `fetch` calls in one pass (forward and backward).
+#[derive(Debug, Default)]
+pub(super) struct Trace {
+    modules: Vec<usize>,
+    valid: bool,
+    /// Index of the next `fetch` in the pass.
+    pos: usize,
+    /// Times a pass departed from the trace.
+    pub invalidations: u64,
+}
+
+impl Trace {
+    pub fn end_pass(&mut self) {
+        if !self.modules.is_empty() {
+            self.valid = true;
+        }
+        self.pos = 0;
+    }
+
+    fn observe(&mut self, m: usize) {
+        if self.valid {
+            if self.modules.get(self.pos) != Some(&m) {
+                // Re-record from here on: the new order becomes the trace at the pass end.
+                self.valid = false;
+                self.invalidations += 1;
+                self.modules.truncate(self.pos);
+                self.modules.push(m);
+            }
+        } else {
+            self.modules.push(m);
+        }
+        self.pos += 1;
+    }
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Makes module `m`'s parameters available, before its forward and again before its
+    /// backward. Stages 0–2: nothing to do. Stage 3: gathers the module's bucket (waiting
+    /// for a prefetch if one is in flight) and prefetches the next ones.
+    pub fn fetch(&mut self, m: usize) -> Result<(), EngineError> {
+        self.module(m)?;
+        self.timings.touch();
+        if !self.policy.shards_parameters() {
+            return Ok(());
+        }
+        if self.trace.pos == 0 && !self.trace.valid {
+            self.trace.modules.clear();
+        }
+        self.trace.observe(m);
+        let Some(b) = self.plan.fetch_bucket[m] else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        self.issue_gather(b)?;
+        self.wait_gather(b)?;
+        self.prefetch()?;
+        self.timings.add_gather(t0.elapsed());
+        Ok(())
+    }
+
+    /// Declares module `m` done for now. Stage 3 frees its gathered bucket unless the
+    /// trace says it is reused soon (see the module docs).
+    pub fn release(&mut self, m: usize) -> Result<(), EngineError> {
+        self.module(m)?;
+        if !self.policy.shards_parameters() {
+            return Ok(());
+        }
+        let Some(b) = self.plan.fetch_bucket[m] else {
+            return Ok(());
+        };
+        if self.reused_soon(b) {
+            return Ok(());
+        }
+        self.wait_gather(b)?;
+        self.free_gathered(b);
+        Ok(())
+    }
+
+    fn reused_soon(&self, b: usize) -> bool {
+        if !self.trace.valid {
+            return false;
+        }
+        let mut distance = 0u64;
+        for &m in &self.trace.modules[self.trace.pos.min(self.trace.modules.len())..] {
+            if let Some(next) = self.plan.fetch_bucket[m] {
+                distance += self.plan.buckets[next].layout.total_len() as u64;
+                if next == b {
+                    return distance <= self.cfg.zero.max_reuse_distance;
+                }
+            }
+        }
+        false
+    }
+
+    fn issue_gather(&mut self, b: usize) -> Result<(), EngineError> {
+        let state = &self.buckets[b];
+        if state.gathered.is_some() || state.gathering.is_some() {
+            return Ok(());
+        }
+        let (part, total) = (
+            self.plan.buckets[b].layout.partition_len(),
+            self.plan.buckets[b].layout.total_len(),
+        );
+        let shard = state
+            .params
+            .as_ref()
+            .ok_or_else(|| EngineError::Internal("parameter shard in flight".into()))?;
+        let mut input = self.dev.zeros(self.dtype, part);
+        self.dev.copy(shard, 0..part, &mut input, 0)?;
+        let output = self.dev.zeros(self.dtype, total);
+        let work = self.issue(
+            |c| &mut c.param_gather,
+            |comm| comm.all_gather(input, output),
+        )?;
+        self.buckets[b].gathering = Some(work);
+        self.live_gathered += total;
+        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
+        Ok(())
+    }
+
+    fn wait_gather(&mut self, b: usize) -> Result<(), EngineError> {
+        if let Some(work) = self.buckets[b].gathering.take() {
+            let (_, full) = work.wait()?;
+            self.buckets[b].gathered = Some(full);
+        }
+        Ok(())
+    }
+
+    fn free_gathered(&mut self, b: usize) {
+        if self.buckets[b].gathered.take().is_some() {
+            self.live_gathered -= self.plan.buckets[b].layout.total_len();
+        }
+    }
+
+    fn prefetch(&mut self) -> Result<(), EngineError> {
+        if !self.trace.valid {
+            return Ok(());
+        }
+        let (budget, max_live) = (
+            self.cfg.zero.prefetch_bucket_size,
+            self.cfg.zero.max_live_parameters,
+        );
+        let mut ahead = 0u64;
+        let upcoming: Vec<usize> =
+            self.trace.modules[self.trace.pos.min(self.trace.modules.len())..].to_vec();
+        for m in upcoming {
+            if ahead >= budget {
+                break;
+            }
+            let Some(b) = self.plan.fetch_bucket[m] else {
+                continue;
+            };
+            let state = &self.buckets[b];
+            if state.gathered.is_some() || state.gathering.is_some() {
+                continue;
+            }
+            let total = self.plan.buckets[b].layout.total_len();
+            if (self.live_gathered + total) as u64 > max_live {
+                break;
+            }
+            self.issue_gather(b)?;
+            ahead += total as u64;
+        }
+        Ok(())
+    }
+
+    /// Frees every gathered bucket (their contents are stale after a step).
+    pub(super) fn free_all_gathered(&mut self) -> Result<(), EngineError> {
+        for b in 0..self.buckets.len() {
+            self.wait_gather(b)?;
+            self.free_gathered(b);
+        }
+        Ok(())
+    }
+}

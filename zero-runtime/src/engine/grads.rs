@@ -1,0 +1,207 @@
+//! Gradients: buckets filled in backward order and reduced as soon as they are complete.
+//!
+//! - Stages 0–1 keep whole-bucket gradients and reduce at the accumulation boundary:
+//!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition.
+//! - Stages 2–3 reduce-scatter every micro-step from a recycled staging buffer straight
+//!   into the owned partition (`grad_shard`), accumulating into fp32 when accumulating.
+//!
+//! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
+//! for only when its buffers are needed again, or at `step()`.
+
+use super::{Engine, Reduction};
+use crate::device::Device;
+use crate::EngineError;
+use std::time::Instant;
+use zero_comm::{Communicator, Completion, ReduceOp};
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Makes sure module `m`'s buckets have gradient buffers (called before the trainer
+    /// writes gradients).
+    pub(super) fn begin_backward(&mut self, m: usize) -> Result<(), EngineError> {
+        let name = &self.module(m)?.name;
+        if self.ready[m] {
+            return Err(EngineError::Order(format!(
+                "module `{name}` already reported its gradients ready in this micro-step"
+            )));
+        }
+        self.timings.backward_started();
+        for b in self.plan.module_buckets[m].clone() {
+            if self.buckets[b].grads.is_none() {
+                self.acquire_staging(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares module `m`'s gradients complete for this micro-step. When every module of
+    /// a bucket is complete, the bucket's reduction is issued.
+    pub fn grads_ready(&mut self, m: usize) -> Result<(), EngineError> {
+        self.begin_backward(m)?;
+        self.ready[m] = true;
+        if self.plan.module_buckets[m].is_empty() {
+            return Ok(());
+        }
+        self.ready_count += 1;
+        for b in self.plan.module_buckets[m].clone() {
+            self.buckets[b].pending -= 1;
+            if self.buckets[b].pending == 0 {
+                self.bucket_ready(b)?;
+            }
+        }
+        if self.ready_count == self.trainable_modules {
+            self.end_micro_step();
+        }
+        Ok(())
+    }
+
+    fn end_micro_step(&mut self) {
+        self.micro_done += 1;
+        self.ready_count = 0;
+        self.ready.iter_mut().for_each(|r| *r = false);
+        for (b, plan) in self.plan.buckets.iter().enumerate() {
+            self.buckets[b].pending = plan.modules.len();
+        }
+        self.timings.micro_step_ended();
+        self.trace.end_pass();
+    }
+
+    fn acquire_staging(&mut self, b: usize) -> Result<(), EngineError> {
+        if !self.policy.shards_gradients() {
+            return Err(EngineError::Internal(format!(
+                "bucket {b}'s gradients are still being reduced"
+            )));
+        }
+        let total = self.plan.buckets[b].layout.total_len();
+        loop {
+            if let Some(mut buf) = self.pool.pop() {
+                self.dev.resize(&mut buf, total);
+                self.dev.zero(&mut buf, 0..total);
+                self.buckets[b].grads = Some(buf);
+                return Ok(());
+            }
+            if self.inflight.is_empty() {
+                let largest = self
+                    .plan
+                    .buckets
+                    .iter()
+                    .map(|p| p.layout.total_len())
+                    .max()
+                    .unwrap_or(0);
+                self.pool.push(self.dev.zeros(self.dtype, largest));
+                self.pool_allocated += 1;
+            } else {
+                self.finish_oldest()?;
+            }
+        }
+    }
+
+    fn bucket_ready(&mut self, b: usize) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let k = self.cfg.gradient_accumulation_steps;
+        let boundary = self.micro_done + 1 == k;
+        let part = self.plan.buckets[b].layout.partition_len();
+        let reduction = if !self.policy.shards_gradients() {
+            let total = self.plan.buckets[b].layout.total_len();
+            if k > 1 {
+                let state = &mut self.buckets[b];
+                let (grads, accum) = (state.grads.as_mut(), state.accum.as_mut());
+                let (Some(grads), Some(accum)) = (grads, accum) else {
+                    return Err(EngineError::Internal(format!(
+                        "bucket {b} lacks its gradient buffers"
+                    )));
+                };
+                self.dev.accumulate(accum, 0, grads, 0..total)?;
+                self.dev.zero(grads, 0..total);
+                if !boundary {
+                    return Ok(());
+                }
+                self.dev.copy(accum, 0..total, grads, 0)?;
+            } else if !boundary {
+                return Ok(());
+            }
+            let grads = self.buckets[b]
+                .grads
+                .take()
+                .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
+            if self.policy.stage == 0 {
+                let work = self.issue(
+                    |c| &mut c.grad_reduce,
+                    |comm| comm.all_reduce(grads, ReduceOp::Avg),
+                )?;
+                Reduction::AllReduce { bucket: b, work }
+            } else {
+                let out = self.dev.zeros(self.dtype, part);
+                let work = self.issue(
+                    |c| &mut c.grad_reduce,
+                    |comm| comm.reduce_scatter(grads, out, ReduceOp::Avg),
+                )?;
+                Reduction::ReduceScatter { bucket: b, work }
+            }
+        } else {
+            let grads = self.buckets[b]
+                .grads
+                .take()
+                .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
+            while self.buckets[b].grad_shard.is_none() && !self.inflight.is_empty() {
+                self.finish_oldest()?;
+            }
+            let shard = self.buckets[b]
+                .grad_shard
+                .take()
+                .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
+            let work = self.issue(
+                |c| &mut c.grad_reduce,
+                |comm| comm.reduce_scatter(grads, shard, ReduceOp::Avg),
+            )?;
+            Reduction::ReduceScatter { bucket: b, work }
+        };
+        self.inflight.push_back(reduction);
+        if !self.cfg.zero.overlap_comm {
+            self.finish_all()?;
+        }
+        self.timings.add_reduce(t0.elapsed());
+        Ok(())
+    }
+
+    /// Waits for the oldest reduction and puts its buffers where they belong.
+    pub(super) fn finish_oldest(&mut self) -> Result<(), EngineError> {
+        let Some(r) = self.inflight.pop_front() else {
+            return Ok(());
+        };
+        match r {
+            Reduction::AllReduce { bucket, work } => {
+                self.buckets[bucket].grads = Some(work.wait()?);
+            }
+            Reduction::ReduceScatter { bucket, work } => {
+                let (mut input, output) = work.wait()?;
+                let part = self.plan.buckets[bucket].layout.partition_len();
+                if self.policy.shards_gradients() {
+                    if let Some(accum) = self.buckets[bucket].accum.as_mut() {
+                        self.dev.accumulate(accum, 0, &output, 0..part)?;
+                    }
+                    self.buckets[bucket].grad_shard = Some(output);
+                    self.pool.push(input);
+                } else {
+                    // Stage 1: the reduced partition goes back into the whole-bucket buffer.
+                    let start = self.plan.buckets[bucket]
+                        .layout
+                        .partition_range(self.rank)?
+                        .start;
+                    self.dev.copy(&output, 0..part, &mut input, start)?;
+                    self.buckets[bucket].grads = Some(input);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every reduction in flight.
+    pub(super) fn finish_all(&mut self) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        while !self.inflight.is_empty() {
+            self.finish_oldest()?;
+        }
+        self.timings.add_reduce(t0.elapsed());
+        Ok(())
+    }
+}

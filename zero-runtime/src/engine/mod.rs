@@ -1,0 +1,427 @@
+//! The engine: one set of shared pieces (bucket plan, partitions, reductions, gathers) and
+//! a per-stage policy ([`StagePolicy`]) that decides what is sharded and when it moves.
+//!
+//! Lifecycle of one optimizer step, for `K` accumulation micro-steps:
+//!
+//! ```text
+//! repeat K times:
+//!   forward:  fetch(m); params(m) … compute …; release(m)        for m in 0..M
+//!   backward: fetch(m); … grads into grads_mut(m) …; grads_ready(m); release(m)
+//!                                                                  for m in M-1..=0
+//! step()
+//! ```
+//!
+//! The trainer multiplies its loss by [`Engine::loss_scale_factor`] (the loss scale over
+//! `K`, as DeepSpeed's `backward` does).
+
+mod gather;
+mod grads;
+mod report;
+mod step;
+mod views;
+
+pub use report::{CommReport, MemoryReport, StepOutcome, Timings};
+
+use crate::config::{Precision, ZeroConfig};
+use crate::device::{AdamState, Device};
+use crate::model::ModuleSpec;
+use crate::plan::{ParamLoc, Plan};
+use crate::scaler::LossScaler;
+use crate::schedule::LrSchedule;
+use crate::EngineError;
+use std::collections::VecDeque;
+use zero_comm::{CommStats, Communicator};
+use zero_kernels::DType;
+
+/// What a stage shards and when it communicates: the only place stages differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagePolicy {
+    /// The ZeRO stage, 0–3.
+    pub stage: u8,
+}
+
+impl StagePolicy {
+    /// Optimizer state covers only the owned partition (stages 1–3).
+    pub fn shards_optimizer(self) -> bool {
+        self.stage >= 1
+    }
+    /// Gradients are reduce-scattered every micro-step and only the owned partition is
+    /// kept (stages 2–3); otherwise full gradients are kept and reduced at the boundary.
+    pub fn shards_gradients(self) -> bool {
+        self.stage >= 2
+    }
+    /// Parameters are kept as the owned partition and gathered on use (stage 3).
+    pub fn shards_parameters(self) -> bool {
+        self.stage >= 3
+    }
+}
+
+/// Per-bucket buffers of one rank.
+struct BucketState<B, W2> {
+    /// Parameters: the whole bucket, or (stage 3, non-persistent) the owned partition.
+    params: Option<B>,
+    /// Whole-bucket gradients: kept in stages 0–1, a staging buffer in stages 2–3.
+    grads: Option<B>,
+    /// The reduced owned partition of the gradients (stages 2–3).
+    grad_shard: Option<B>,
+    /// fp32 gradient accumulator (accumulation > 1).
+    accum: Option<B>,
+    /// fp32 optimizer state of the owned range.
+    opt: AdamState<B>,
+    /// Modules of this bucket whose gradients are not ready yet in this micro-step.
+    pending: usize,
+    /// Stage 3: the gathered whole bucket, and an all-gather in flight.
+    gathered: Option<B>,
+    gathering: Option<W2>,
+}
+
+/// A reduction in flight.
+enum Reduction<W1, W2> {
+    AllReduce { bucket: usize, work: W1 },
+    ReduceScatter { bucket: usize, work: W2 },
+}
+
+/// Counters of elements sent, by purpose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommCounters {
+    /// Gradient all-reduce / reduce-scatter.
+    pub grad_reduce: u64,
+    /// Parameter all-gathers (after the step in stages 1–2; before use in stage 3).
+    pub param_gather: u64,
+    /// The per-step exchange of norm partials and overflow flags.
+    pub control: u64,
+}
+
+type W1<C> = <C as Communicator>::Pending<<C as Communicator>::Buffer>;
+type W2<C> =
+    <C as Communicator>::Pending<(<C as Communicator>::Buffer, <C as Communicator>::Buffer)>;
+
+/// The ZeRO engine of one rank.
+pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
+    cfg: ZeroConfig,
+    policy: StagePolicy,
+    comm: C,
+    dev: D,
+    rank: usize,
+    world: usize,
+    dtype: DType,
+    modules: Vec<ModuleSpec>,
+    first_param: Vec<usize>,
+    plan: Plan,
+    buckets: Vec<BucketState<C::Buffer, W2<C>>>,
+    frozen: C::Buffer,
+    /// Staging buffers for whole-bucket gradients (stages 2–3), sized to the largest bucket.
+    pool: Vec<C::Buffer>,
+    pool_allocated: usize,
+    inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
+    scaler: LossScaler,
+    schedule: LrSchedule,
+    optimizer_steps: u64,
+    global_steps: u64,
+    skipped_steps: u64,
+    micro_done: u64,
+    ready: Vec<bool>,
+    ready_count: usize,
+    trainable_modules: usize,
+    trace: gather::Trace,
+    live_gathered: usize,
+    peak_gathered: usize,
+    counters: CommCounters,
+    counters_at_step_start: CommCounters,
+    last_step_comm: CommCounters,
+    timings: report::Clock,
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Builds the engine of this rank: lays the model out, allocates this rank's buffers and
+    /// fills the parameters from `init`, which must give every rank the same values. The
+    /// fp32 master weights start from the rounded 16-bit values, as in DeepSpeed.
+    pub fn new(
+        cfg: ZeroConfig,
+        modules: Vec<ModuleSpec>,
+        comm: C,
+        dev: D,
+        mut init: impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
+    ) -> Result<Self, EngineError> {
+        validate_model(&modules)?;
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let expected =
+            cfg.train_batch_size / (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps);
+        if expected != world as u64 {
+            return Err(crate::ConfigError::Inconsistent(format!(
+                "the config was resolved for world size {expected} but the communicator has {world} ranks"
+            ))
+            .into());
+        }
+        let dtype = match cfg.precision {
+            Precision::Fp32 => DType::F32,
+            Precision::Fp16(_) => DType::F16,
+            Precision::Bf16 => DType::BF16,
+        };
+        let policy = StagePolicy {
+            stage: cfg.zero.stage,
+        };
+        let clamp = |v: u64| v.min(usize::MAX as u64) as usize;
+        let plan = Plan::new(
+            &modules,
+            dtype,
+            world,
+            clamp(cfg.zero.reduce_bucket_size),
+            clamp(cfg.zero.param_persistence_threshold),
+        )?;
+        let accumulate = cfg.gradient_accumulation_steps > 1;
+        let mut buckets = Vec::with_capacity(plan.buckets.len());
+        for b in &plan.buckets {
+            let (total, part) = (b.layout.total_len(), b.layout.partition_len());
+            let owned = if policy.shards_optimizer() {
+                part
+            } else {
+                total
+            };
+            let sharded_params = policy.shards_parameters() && !b.persistent;
+            buckets.push(BucketState {
+                params: Some(dev.zeros(dtype, if sharded_params { part } else { total })),
+                grads: (!policy.shards_gradients()).then(|| dev.zeros(dtype, total)),
+                grad_shard: policy.shards_gradients().then(|| dev.zeros(dtype, part)),
+                accum: accumulate.then(|| {
+                    dev.zeros(
+                        DType::F32,
+                        if policy.shards_gradients() {
+                            part
+                        } else {
+                            total
+                        },
+                    )
+                }),
+                opt: AdamState {
+                    master: dev.zeros(DType::F32, owned),
+                    exp_avg: dev.zeros(DType::F32, owned),
+                    exp_avg_sq: dev.zeros(DType::F32, owned),
+                },
+                pending: b.modules.len(),
+                gathered: None,
+                gathering: None,
+            });
+        }
+        let mut first_param = Vec::with_capacity(modules.len());
+        let mut n = 0;
+        for m in &modules {
+            first_param.push(n);
+            n += m.params.len();
+        }
+        let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
+        let mut engine = Self {
+            scaler: LossScaler::new(&cfg.precision),
+            schedule: LrSchedule::new(cfg.optimizer.adam.lr as f64, cfg.scheduler),
+            frozen: dev.zeros(dtype, plan.frozen_len),
+            cfg,
+            policy,
+            comm,
+            dev,
+            rank,
+            world,
+            dtype,
+            ready: vec![false; modules.len()],
+            modules,
+            first_param,
+            buckets,
+            plan,
+            pool: Vec::new(),
+            pool_allocated: 0,
+            inflight: VecDeque::new(),
+            optimizer_steps: 0,
+            global_steps: 0,
+            skipped_steps: 0,
+            micro_done: 0,
+            ready_count: 0,
+            trainable_modules,
+            trace: gather::Trace::default(),
+            live_gathered: 0,
+            peak_gathered: 0,
+            counters: CommCounters::default(),
+            counters_at_step_start: CommCounters::default(),
+            last_step_comm: CommCounters::default(),
+            timings: report::Clock::default(),
+        };
+        engine.initialize(&mut init)?;
+        Ok(engine)
+    }
+
+    fn initialize(
+        &mut self,
+        init: &mut impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
+    ) -> Result<(), EngineError> {
+        let mut values = Vec::new();
+        for (mi, m) in self.modules.iter().enumerate() {
+            for (k, spec) in m.params.iter().enumerate() {
+                let id = self.first_param[mi] + k;
+                values.clear();
+                values.resize(spec.numel(), 0.0);
+                init(id, spec, &mut values);
+                match self.plan.locs[id] {
+                    ParamLoc::Frozen { offset } => {
+                        self.dev.upload_f32(&mut self.frozen, offset, &values)?
+                    }
+                    ParamLoc::Bucket { bucket, index } => {
+                        let sharded = self.params_sharded(bucket);
+                        let plan = &self.plan.buckets[bucket];
+                        let params = self.buckets[bucket]
+                            .params
+                            .as_mut()
+                            .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
+                        let tensor = plan.layout.tensor_range(index);
+                        if sharded {
+                            let part = plan.layout.partition_range(self.rank)?;
+                            for s in plan
+                                .layout
+                                .tensor_shards(index)?
+                                .into_iter()
+                                .filter(|s| s.rank == self.rank)
+                            {
+                                self.dev.upload_f32(
+                                    params,
+                                    s.flat_range.start - part.start,
+                                    &values[s.tensor_range],
+                                )?;
+                            }
+                        } else {
+                            self.dev.upload_f32(params, tensor.start, &values)?;
+                        }
+                    }
+                }
+            }
+        }
+        // Master weights start from the (rounded) parameters of the owned range.
+        for (b, plan) in self.plan.buckets.iter().enumerate() {
+            let state = &mut self.buckets[b];
+            let params = state
+                .params
+                .as_ref()
+                .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
+            let owned = self.dev.len(&state.opt.master);
+            let start = if self.dev.len(params) == owned {
+                0
+            } else {
+                plan.layout.partition_range(self.rank)?.start
+            };
+            self.dev
+                .copy(params, start..start + owned, &mut state.opt.master, 0)?;
+        }
+        Ok(())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ZeroConfig {
+        &self.cfg
+    }
+
+    /// The stage policy.
+    pub fn policy(&self) -> StagePolicy {
+        self.policy
+    }
+
+    /// The dtype of parameters and gradients.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The registered modules.
+    pub fn modules(&self) -> &[ModuleSpec] {
+        &self.modules
+    }
+
+    /// The bucket plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Micro-steps per optimizer step.
+    pub fn gradient_accumulation_steps(&self) -> u64 {
+        self.cfg.gradient_accumulation_steps
+    }
+
+    /// The current loss scale.
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.scale()
+    }
+
+    /// What the trainer multiplies its loss by: the loss scale over the accumulation
+    /// steps, so the gradients summed over micro-steps are the scaled mean gradient.
+    pub fn loss_scale_factor(&self) -> f64 {
+        self.scaler.scale() / self.cfg.gradient_accumulation_steps as f64
+    }
+
+    /// Optimizer steps taken, skipped steps, and all steps.
+    pub fn step_counts(&self) -> (u64, u64, u64) {
+        (self.optimizer_steps, self.skipped_steps, self.global_steps)
+    }
+
+    /// The communicator's own counters.
+    pub fn comm_stats(&self) -> CommStats {
+        self.comm.stats()
+    }
+
+    /// Whether bucket `b`'s parameters are kept as the owned partition only (stage 3,
+    /// non-persistent buckets).
+    fn params_sharded(&self, b: usize) -> bool {
+        self.policy.shards_parameters() && !self.plan.buckets[b].persistent
+    }
+
+    fn module(&self, index: usize) -> Result<&ModuleSpec, EngineError> {
+        self.modules.get(index).ok_or(EngineError::UnknownModule {
+            index,
+            count: self.modules.len(),
+        })
+    }
+
+    /// Runs `issue` on the communicator and books the elements it sends under `category`.
+    fn issue<T>(
+        &mut self,
+        category: fn(&mut CommCounters) -> &mut u64,
+        issue: impl FnOnce(&C) -> Result<T, zero_comm::CommError>,
+    ) -> Result<T, EngineError> {
+        let before = self.comm.stats().total_elements();
+        let work = issue(&self.comm)?;
+        *category(&mut self.counters) += self.comm.stats().total_elements() - before;
+        Ok(work)
+    }
+}
+
+fn validate_model(modules: &[ModuleSpec]) -> Result<(), EngineError> {
+    if modules.is_empty() {
+        return Err(EngineError::InvalidModel("no modules registered".into()));
+    }
+    for m in modules {
+        let mut names = std::collections::HashSet::new();
+        for p in &m.params {
+            if !names.insert(&p.name) {
+                return Err(EngineError::InvalidModel(format!(
+                    "module `{}` has two parameters named `{}`",
+                    m.name, p.name
+                )));
+            }
+            if p.numel() == 0 {
+                return Err(EngineError::InvalidModel(format!(
+                    "parameter `{}.{}` has shape {:?}: it must have at least one element",
+                    m.name, p.name, p.shape
+                )));
+            }
+        }
+    }
+    if !modules.iter().any(|m| m.params.iter().any(|p| p.trainable)) {
+        return Err(EngineError::InvalidModel(
+            "the model has no trainable parameter".into(),
+        ));
+    }
+    Ok(())
+}

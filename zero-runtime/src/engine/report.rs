@@ -1,0 +1,232 @@
+//! What the engine reports: memory by category, communication by purpose, time by phase.
+
+use super::{CommCounters, Engine};
+use crate::device::Device;
+use crate::scaler::ScaleChange;
+use std::fmt;
+use std::time::{Duration, Instant};
+use zero_comm::Communicator;
+
+/// What `step()` did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Whether the step was skipped because some gradient was not finite.
+    pub skipped: bool,
+    /// The unscaled global gradient norm before clipping (NaN when skipped).
+    pub grad_norm: f64,
+    /// The loss scale the gradients carried.
+    pub loss_scale: f64,
+    /// The learning rate used (or that would have been used).
+    pub lr: f64,
+    /// What the loss scaler did.
+    pub scale_change: ScaleChange,
+}
+
+/// Bytes one rank holds, by category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryReport {
+    /// 16-bit (or fp32) parameters: whole buckets, or owned partitions in stage 3.
+    pub params: usize,
+    /// Gradients kept for the step: whole buckets (stages 0–1) or owned partitions.
+    pub grads: usize,
+    /// fp32 master weights.
+    pub master: usize,
+    /// fp32 first moments.
+    pub exp_avg: usize,
+    /// fp32 second moments.
+    pub exp_avg_sq: usize,
+    /// fp32 gradient accumulation buffers (only with accumulation > 1).
+    pub grad_accum: usize,
+    /// Staging buffers of gradient buckets (stages 2–3).
+    pub buckets: usize,
+    /// Gathered whole buckets right now (stage 3).
+    pub gathered: usize,
+    /// The most gathered at once so far (stage 3).
+    pub peak_gathered: usize,
+    /// Frozen parameters (whole on every rank).
+    pub frozen: usize,
+    /// Ψ: trainable parameters.
+    pub numel: usize,
+    /// Ψ': trainable parameters with alignment padding.
+    pub padded_numel: usize,
+    /// The ZeRO paper's model-state bytes for this stage, Ψ' and world size.
+    pub formula: usize,
+}
+
+impl MemoryReport {
+    /// Parameters + gradients + master + moments: what the paper's formula counts.
+    pub fn model_states(&self) -> usize {
+        self.params + self.grads + self.master + self.exp_avg + self.exp_avg_sq
+    }
+}
+
+/// Elements sent by this rank, by purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommReport {
+    /// Since the engine started.
+    pub total: CommCounters,
+    /// During the last call to `step()` and the micro-steps before it.
+    pub last_step: CommCounters,
+    /// Ψ': what one step's volume is measured in.
+    pub padded_numel: usize,
+    /// The paper's elements per step per rank for this stage: 2Ψ'(N−1)/N (stages 0–2) or
+    /// 3Ψ'(N−1)/N (stage 3), gradient reduction plus parameter gathers.
+    pub theory: u64,
+}
+
+/// Time by phase.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Timings {
+    /// From a micro-step's first engine call to its first gradient.
+    pub forward: Duration,
+    /// From the first gradient to the last `grads_ready`.
+    pub backward: Duration,
+    /// Issuing and waiting for gradient reductions.
+    pub reduce: Duration,
+    /// Stage 3: issuing and waiting for parameter gathers.
+    pub gather: Duration,
+    /// Inside `step()`.
+    pub step: Duration,
+}
+
+impl fmt::Display for Timings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "time (ms) | forward: {:.2} | backward: {:.2} | reduce: {:.2} | gather: {:.2} | step: {:.2}",
+            ms(self.forward),
+            ms(self.backward),
+            ms(self.reduce),
+            ms(self.gather),
+            ms(self.step)
+        )
+    }
+}
+
+/// Phase clock, inferred from the order of engine calls.
+#[derive(Debug, Default)]
+pub(super) struct Clock {
+    micro_start: Option<Instant>,
+    backward_start: Option<Instant>,
+    current: Timings,
+    last: Timings,
+    total: Timings,
+}
+
+impl Clock {
+    pub fn touch(&mut self) {
+        self.micro_start.get_or_insert_with(Instant::now);
+    }
+    pub fn backward_started(&mut self) {
+        self.touch();
+        if self.backward_start.is_none() {
+            let now = Instant::now();
+            self.current.forward += now - self.micro_start.unwrap_or(now);
+            self.backward_start = Some(now);
+        }
+    }
+    pub fn micro_step_ended(&mut self) {
+        if let Some(b) = self.backward_start.take() {
+            self.current.backward += b.elapsed();
+        }
+        self.micro_start = None;
+    }
+    pub fn add_reduce(&mut self, d: Duration) {
+        self.current.reduce += d;
+    }
+    pub fn add_gather(&mut self, d: Duration) {
+        self.current.gather += d;
+    }
+    pub fn step_ended(&mut self, d: Duration) {
+        self.current.step += d;
+        self.last = std::mem::take(&mut self.current);
+        for (t, l) in [
+            (&mut self.total.forward, self.last.forward),
+            (&mut self.total.backward, self.last.backward),
+            (&mut self.total.reduce, self.last.reduce),
+            (&mut self.total.gather, self.last.gather),
+            (&mut self.total.step, self.last.step),
+        ] {
+            *t += l;
+        }
+    }
+    pub fn last(&self) -> Timings {
+        self.last
+    }
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// This rank's bytes by category, beside the paper's formula for the stage.
+    ///
+    /// Formula, with `p` bytes per parameter (2 for fp16/bf16, 4 for fp32) and `N` ranks:
+    /// stage 0 `(2p+12)Ψ'`, stage 1 `2pΨ' + 12Ψ'/N`, stage 2 `pΨ' + (p+12)Ψ'/N`, stage 3
+    /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. Gradient accumulation
+    /// adds an fp32 buffer (`grad_accum`): 4Ψ' in stages 0–1, 4Ψ'/N in stages 2–3.
+    pub fn memory_report(&self) -> MemoryReport {
+        let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
+        let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);
+        let mut r = MemoryReport::default();
+        for s in &self.buckets {
+            r.params += opt_size(s.params.as_ref());
+            r.grads += if self.policy.shards_gradients() {
+                opt_size(s.grad_shard.as_ref())
+            } else {
+                opt_size(s.grads.as_ref())
+            };
+            r.master += size(&s.opt.master);
+            r.exp_avg += size(&s.opt.exp_avg);
+            r.exp_avg_sq += size(&s.opt.exp_avg_sq);
+            r.grad_accum += opt_size(s.accum.as_ref());
+        }
+        let largest = self
+            .plan
+            .buckets
+            .iter()
+            .map(|p| p.layout.total_len())
+            .max()
+            .unwrap_or(0);
+        let p = self.dtype.size_of();
+        r.buckets = self.pool_allocated * largest * p;
+        r.gathered = self.live_gathered * p;
+        r.peak_gathered = self.peak_gathered * p;
+        r.frozen = size(&self.frozen);
+        r.numel = self.plan.numel();
+        r.padded_numel = self.plan.padded_numel();
+        let (psi, n) = (r.padded_numel, self.world);
+        r.formula = match self.policy.stage {
+            0 => (2 * p + 12) * psi,
+            1 => 2 * p * psi + 12 * psi / n,
+            2 => p * psi + (p + 12) * psi / n,
+            _ => (2 * p + 12) * psi / n,
+        };
+        r
+    }
+
+    /// Elements sent by purpose, and the paper's per-step figure for this stage.
+    pub fn comm_report(&self) -> CommReport {
+        let psi = self.plan.padded_numel() as u64;
+        let n = self.world as u64;
+        let factor = if self.policy.shards_parameters() {
+            3
+        } else {
+            2
+        };
+        CommReport {
+            total: self.counters,
+            last_step: self.last_step_comm,
+            padded_numel: psi as usize,
+            theory: factor * psi * (n - 1) / n,
+        }
+    }
+
+    /// Time by phase in the last step.
+    pub fn timings(&self) -> Timings {
+        self.timings.last()
+    }
+
+    /// Time by phase since the engine started.
+    pub fn total_timings(&self) -> Timings {
+        self.timings.total
+    }
+}

@@ -1,0 +1,55 @@
+//! What a trainer registers: parameters grouped into modules, in execution order.
+
+/// One parameter tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSpec {
+    /// Name, unique within its module.
+    pub name: String,
+    /// Shape; the element count is its product.
+    pub shape: Vec<usize>,
+    /// Whether it is trained (has gradients and optimizer state).
+    pub trainable: bool,
+}
+
+impl ParamSpec {
+    /// A trainable parameter.
+    pub fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        Self {
+            name: name.into(),
+            shape: shape.to_vec(),
+            trainable: true,
+        }
+    }
+
+    /// A frozen parameter: kept whole on every rank, never communicated.
+    pub fn frozen(name: impl Into<String>, shape: &[usize]) -> Self {
+        Self {
+            trainable: false,
+            ..Self::new(name, shape)
+        }
+    }
+
+    /// Element count.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A module: the unit the trainer fetches before its forward and backward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleSpec {
+    /// Name, for errors and reports.
+    pub name: String,
+    /// Its parameters, in the order views are handed out.
+    pub params: Vec<ParamSpec>,
+}
+
+impl ModuleSpec {
+    /// A module with these parameters.
+    pub fn new(name: impl Into<String>, params: Vec<ParamSpec>) -> Self {
+        Self {
+            name: name.into(),
+            params,
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Memory by category against the ZeRO paper's formulas, and elements communicated per
+//! step against 2Ψ(N−1)/N (stages 0–2) and 3Ψ(N−1)/N (stage 3), from the comm counters.
+
+use zero_tests::{dataset, run_ranks, seed, train_step};
+
+fn config(stage: u8, accum: usize, bucket: u64) -> String {
+    format!(
+        r#"{{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {accum},
+            "bf16": {{"enabled": true}},
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.001}}}},
+            "zero_optimization": {{"stage": {stage}, "reduce_bucket_size": {bucket},
+                "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0,
+                "stage3_prefetch_bucket_size": 1000}}}}"#
+    )
+}
+
+#[test]
+fn model_state_bytes_follow_the_paper_per_stage() {
+    let seed = seed("memory");
+    let world = 4;
+    let data = dataset(seed, 3 * world * 3);
+    let mut totals = Vec::new();
+    for stage in 0..=3u8 {
+        for accum in [1, 3] {
+            let reports = run_ranks(world, &config(stage, accum, 1_000_000), seed, |e| {
+                train_step(e, &data, 0, None).unwrap();
+                e.memory_report()
+            });
+            let r = reports[0];
+            let (psi, padded, n) = (r.numel, r.padded_numel, world);
+            // Alignment padding: one bucket, 6 tensors of 64-element alignment, total padded
+            // to a multiple of 4 × 64.
+            assert!(
+                padded - psi < 6 * 64 + 4 * 64,
+                "stage {stage}: padding {}",
+                padded - psi
+            );
+            let paper = match stage {
+                0 => 16 * padded,
+                1 => 4 * padded + 12 * padded / n,
+                2 => 2 * padded + 14 * padded / n,
+                _ => 16 * padded / n,
+            };
+            assert_eq!(r.formula, paper, "stage {stage}");
+            assert_eq!(
+                r.model_states(),
+                paper,
+                "stage {stage} accum {accum}: measured {r:?}"
+            );
+            let accum_bytes = match (accum, stage) {
+                (1, _) => 0,
+                (_, 0 | 1) => 4 * padded,
+                _ => 4 * padded / n,
+            };
+            assert_eq!(
+                r.grad_accum, accum_bytes,
+                "stage {stage} accum {accum}: fp32 accumulation buffer"
+            );
+            if stage >= 2 {
+                assert!(r.buckets > 0, "stage {stage}: staging buckets are reported");
+            }
+            if stage == 3 {
+                assert!(
+                    r.peak_gathered > 0 && r.gathered == 0,
+                    "stage 3 gathers, then frees at the step: {r:?}"
+                );
+            }
+            for other in &reports[1..] {
+                assert_eq!(
+                    other.model_states(),
+                    r.model_states(),
+                    "every rank holds the same"
+                );
+            }
+            if accum == 1 {
+                totals.push(r.model_states());
+            }
+        }
+    }
+    assert!(
+        totals.windows(2).all(|w| w[1] < w[0]),
+        "each stage holds less than the one before: {totals:?}"
+    );
+}
+
+#[test]
+fn elements_sent_per_step_are_exactly_the_papers() {
+    let seed = seed("communication");
+    for world in 2..=5usize {
+        let data = dataset(seed, 4 * world);
+        for stage in 0..=3u8 {
+            // One module per bucket (bucket size 1), no persistence, no reuse: every bucket
+            // is gathered exactly twice per step in stage 3.
+            let reports = run_ranks(world, &config(stage, 1, 1), seed, |e| {
+                for s in 0..3 {
+                    train_step(e, &data, s, None).unwrap();
+                }
+                e.comm_report()
+            });
+            for (rank, c) in reports.iter().enumerate() {
+                let ctx = format!("world {world} stage {stage} rank {rank}");
+                let psi = c.padded_numel as u64;
+                let n = world as u64;
+                let factor = if stage == 3 { 3 } else { 2 };
+                assert_eq!(c.theory, factor * psi * (n - 1) / n, "{ctx}");
+                assert_eq!(
+                    c.last_step.grad_reduce + c.last_step.param_gather,
+                    c.theory,
+                    "{ctx}: {c:?}"
+                );
+                let reduce = if stage == 0 { 2 } else { 1 } * psi * (n - 1) / n;
+                assert_eq!(
+                    c.last_step.grad_reduce,
+                    reduce,
+                    "{ctx}: {}",
+                    if stage == 0 {
+                        "all-reduce"
+                    } else {
+                        "reduce-scatter, not all-reduce"
+                    }
+                );
+                // Norm partials and overflow flags: 2 floats all-gathered per rank.
+                assert_eq!(c.last_step.control, 2 * (n - 1), "{ctx}");
+            }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Calls out of order and bad input give errors that name the problem.
+
+use zero_comm::HostGroup;
+use zero_runtime::{Engine, EngineError, HostDevice, ZeroConfig};
+use zero_tests::{init_values, mlp_modules, run_ranks};
+
+const CFG: &str = r#"{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 64, "stage3_param_persistence_threshold": 0}}"#;
+
+#[test]
+fn out_of_order_calls_are_errors() {
+    let res = run_ranks(2, CFG, 1, |e| {
+        let mut errs = Vec::new();
+        errs.push(e.step().unwrap_err());
+        errs.push(e.params::<half::bf16>(0).unwrap_err());
+        e.fetch(2).unwrap();
+        errs.push(e.params::<f32>(2).unwrap_err());
+        let g = vec![0.0f32; 15];
+        errs.push(e.add_grads_f32(2, &[&g[..], &g[..2]]).unwrap_err());
+        errs.push(e.fetch(7).unwrap_err());
+        // A complete micro-step, then a second grads_ready for the same module.
+        for m in (0..3).rev() {
+            e.fetch(m).unwrap();
+            e.grads_ready(m).unwrap();
+            e.release(m).unwrap();
+        }
+        e.fetch(2).unwrap();
+        e.grads_ready(2).unwrap();
+        errs.push(e.grads_ready(2).unwrap_err());
+        errs
+    });
+    for errs in res {
+        let msgs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        assert!(
+            matches!(errs[0], EngineError::Order(_)) && msgs[0].contains("0 of 2 micro-steps"),
+            "{}",
+            msgs[0]
+        );
+        assert!(
+            matches!(errs[1], EngineError::NotFetched(_)) && msgs[1].contains("layer0"),
+            "{}",
+            msgs[1]
+        );
+        assert!(
+            matches!(errs[2], EngineError::WrongDType { .. }),
+            "{}",
+            msgs[2]
+        );
+        assert!(
+            msgs[3].contains("layer2")
+                && msgs[3].contains("gradient 1 has 2 elements, the parameter has 3"),
+            "{}",
+            msgs[3]
+        );
+        assert!(
+            matches!(errs[4], EngineError::UnknownModule { index: 7, count: 3 }),
+            "{}",
+            msgs[4]
+        );
+        assert!(msgs[5].contains("already reported"), "{}", msgs[5]);
+    }
+}
+
+#[test]
+fn a_config_for_another_world_size_is_refused() {
+    let cfg = ZeroConfig::from_json_str(CFG, 2).unwrap();
+    let comms = HostGroup::new(3).unwrap();
+    let comm = comms.into_iter().next().unwrap();
+    let err = Engine::new(cfg, mlp_modules(), comm, HostDevice, |id, _, v| {
+        init_values(1, id, v)
+    })
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().contains("world size 2") && err.to_string().contains("3 ranks"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unusable_model_is_refused() {
+    let cfg = ZeroConfig::from_json_str(CFG, 1).unwrap();
+    let mut modules = mlp_modules();
+    modules[1].params[1].name = "weight".into();
+    let comm = HostGroup::new(1).unwrap().into_iter().next().unwrap();
+    let err = Engine::new(cfg, modules, comm, HostDevice, |_, _, _| {})
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("two parameters named `weight`"),
+        "{err}"
+    );
+}

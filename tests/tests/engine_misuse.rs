@@ -16,7 +16,7 @@ fn out_of_order_calls_are_errors() {
         errs.push(e.params::<half::bf16>(0).unwrap_err());
         e.fetch(2).unwrap();
         errs.push(e.params::<f32>(2).unwrap_err());
-        let g = vec![0.0f32; 15];
+        let g = [0.0f32; 15];
         errs.push(e.add_grads_f32(2, &[&g[..], &g[..2]]).unwrap_err());
         errs.push(e.fetch(7).unwrap_err());
         // A complete micro-step, then a second grads_ready for the same module.

@@ -196,6 +196,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
+    /// Discards every gradient of the current step (all micro-steps so far), waiting for
+    /// reductions in flight first. Call it on every rank at the same point, as with any
+    /// collective: the reductions it waits for are shared.
+    pub fn zero_grad(&mut self) -> Result<(), EngineError> {
+        self.finish_all()?;
+        self.clear_gradients();
+        self.micro_done = 0;
+        self.ready_count = 0;
+        self.ready.iter_mut().for_each(|r| *r = false);
+        for (b, plan) in self.plan.buckets.iter().enumerate() {
+            self.buckets[b].pending = plan.modules.len();
+            if let Some(g) = self.buckets[b].grad_shard.as_mut() {
+                self.dev.zero(g, 0..plan.layout.partition_len());
+            }
+        }
+        Ok(())
+    }
+
     fn clear_gradients(&mut self) {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];

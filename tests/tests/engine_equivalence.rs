@@ -46,9 +46,16 @@ fn train(world: usize, stage: u8, precision: &str, accum: usize, seed: u64) -> P
             // The model has what the issue asks to cover: a parameter smaller than N (the
             // last bias, 3 elements) and parameters some rank owns none of.
             let plan = e.plan();
-            let sizes: Vec<usize> = plan.buckets.iter().flat_map(|b| b.layout.sizes().to_vec()).collect();
+            let sizes: Vec<usize> = plan
+                .buckets
+                .iter()
+                .flat_map(|b| b.layout.sizes().to_vec())
+                .collect();
             assert!(sizes.iter().any(|&n| n < world), "{sizes:?}");
-            let partial = plan.buckets.iter().any(|b| (0..b.layout.num_tensors()).any(|t| b.layout.tensor_shards(t).unwrap().len() < world));
+            let partial = plan.buckets.iter().any(|b| {
+                (0..b.layout.num_tensors())
+                    .any(|t| b.layout.tensor_shards(t).unwrap().len() < world)
+            });
             assert!(partial, "some rank must own nothing of some parameter");
             assert!(sizes.iter().any(|&n| n % world != 0), "{sizes:?}");
         }

@@ -157,14 +157,17 @@ fn view<'a>(p: &'a [f32], rows: usize, cols: usize) -> ArrayView2<'a, f32> {
     ArrayView2::from_shape((rows, cols), p).expect("parameter shape")
 }
 
-/// Mean cross-entropy (nats) of `batch` and, with `factor` > 0, its gradients times
-/// `factor`, `[module][param]` in registration order.
-pub fn forward_backward(
-    sh: &Shape,
-    p: &Params,
-    batch: &Batch,
-    factor: f32,
-) -> (f32, Option<Params>) {
+/// What the backward pass needs from the forward pass.
+pub struct Cache {
+    x: Array2<f32>,
+    a1: Array2<f32>,
+    a2: Array2<f32>,
+    /// Softmax probabilities.
+    probs: Array2<f32>,
+}
+
+/// Mean cross-entropy (nats) of `batch`, and the activations backward needs.
+pub fn forward(sh: &Shape, p: &Params, batch: &Batch) -> (f32, Cache) {
     let (v, k, d, h, n) = (sh.vocab, sh.context, sh.embed, sh.hidden, batch.len);
     let emb = view(&p[0][0], v, d);
     let mut x = Array2::<f32>::zeros((n, k * d));
@@ -181,9 +184,9 @@ pub fn forward_backward(
     };
     let a1 = layer(&x, &p[1][0], &p[1][1], h, k * d).mapv(f32::tanh);
     let a2 = layer(&a1, &p[2][0], &p[2][1], h, h).mapv(f32::tanh);
-    let mut logits = layer(&a2, &p[3][0], &p[3][1], v, h);
+    let mut probs = layer(&a2, &p[3][0], &p[3][1], v, h);
     let mut loss = 0.0f32;
-    for (i, mut row) in logits.axis_iter_mut(Axis(0)).enumerate() {
+    for (i, mut row) in probs.axis_iter_mut(Axis(0)).enumerate() {
         let max = row.fold(f32::NEG_INFINITY, |m, x| m.max(*x));
         row.mapv_inplace(|x| (x - max).exp());
         let sum = row.sum();
@@ -191,12 +194,14 @@ pub fn forward_backward(
         let t = batch.text[batch.start + i + k] as usize;
         loss -= row[t].max(1e-30).ln();
     }
-    let loss = loss / n as f32;
-    if factor == 0.0 {
-        return (loss, None);
-    }
-    // Backward. logits now holds softmax probabilities.
-    let mut dz3 = logits;
+    (loss / n as f32, Cache { x, a1, a2, probs })
+}
+
+/// Gradients of the mean loss times `factor`, `[module][param]` in registration order.
+pub fn backward(sh: &Shape, p: &Params, batch: &Batch, cache: Cache, factor: f32) -> Params {
+    let (v, k, d, h, n) = (sh.vocab, sh.context, sh.embed, sh.hidden, batch.len);
+    let Cache { x, a1, a2, probs } = cache;
+    let mut dz3 = probs;
     for i in 0..n {
         dz3[[i, batch.text[batch.start + i + k] as usize]] -= 1.0;
     }
@@ -229,15 +234,21 @@ pub fn forward_backward(
             }
         }
     }
-    (
-        loss,
-        Some(vec![
-            vec![demb],
-            vec![dw1, db1],
-            vec![dw2, db2],
-            vec![dw3, db3],
-        ]),
-    )
+    vec![vec![demb], vec![dw1, db1], vec![dw2, db2], vec![dw3, db3]]
+}
+
+/// Mean cross-entropy of `batch` and, with `factor` ≠ 0, its gradients times `factor`.
+pub fn forward_backward(
+    sh: &Shape,
+    p: &Params,
+    batch: &Batch,
+    factor: f32,
+) -> (f32, Option<Params>) {
+    let (loss, cache) = forward(sh, p, batch);
+    if factor == 0.0 {
+        return (loss, None);
+    }
+    (loss, Some(backward(sh, p, batch, cache, factor)))
 }
 
 /// Where rank `rank`'s micro-batch `micro` of step `step` starts in the training text.
@@ -280,12 +291,22 @@ pub fn train_step(
             start: batch_start(step, k, rank, world, accum, micro),
             len: micro,
         };
-        let (loss, grads) =
-            forward_backward(shape, &params, &batch, engine.loss_scale_factor() as f32);
-        let grads = grads.ok_or_else(|| EngineError::Internal("no gradients".into()))?;
+        let (loss, cache) = forward(shape, &params, &batch);
         total += loss;
+        // Backward starts with the last module's fetch; one pass gives every layer's
+        // gradients, handed to the engine module by module in reverse.
+        engine.fetch(modules - 1)?;
+        let grads = backward(
+            shape,
+            &params,
+            &batch,
+            cache,
+            engine.loss_scale_factor() as f32,
+        );
         for m in (0..modules).rev() {
-            engine.fetch(m)?;
+            if m != modules - 1 {
+                engine.fetch(m)?;
+            }
             let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
             engine.add_grads_f32(m, &g)?;
             engine.grads_ready(m)?;

@@ -356,6 +356,10 @@ fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
         formula_name(stage),
         mib(m.formula)
     );
+    if stage == 3 && m.model_states() > m.formula {
+        let extra = fmt_count((m.model_states() - m.formula) as u64);
+        println!("  {:<18} {:>12}   bytes above the formula: parameters at or under stage3_param_persistence_threshold stay whole", "", format!("+{extra}"));
+    }
     println!(
         "  {:<18} {:>12}   (gradient staging, stages 2-3)",
         "buckets",

@@ -56,6 +56,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub fn fetch(&mut self, m: usize) -> Result<(), EngineError> {
         self.module(m)?;
         self.timings.touch();
+        if std::mem::replace(&mut self.fetched[m], true) {
+            self.timings.backward_started();
+        }
         if !self.policy.shards_parameters() {
             return Ok(());
         }

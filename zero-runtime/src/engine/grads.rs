@@ -58,6 +58,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.micro_done += 1;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
+        self.fetched.iter_mut().for_each(|f| *f = false);
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
         }

@@ -121,6 +121,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     skipped_steps: u64,
     micro_done: u64,
     ready: Vec<bool>,
+    /// Modules fetched in this micro-step: a second fetch starts the backward phase.
+    fetched: Vec<bool>,
     ready_count: usize,
     trainable_modules: usize,
     trace: gather::Trace,
@@ -222,6 +224,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             world,
             dtype,
             ready: vec![false; modules.len()],
+            fetched: vec![false; modules.len()],
             modules,
             first_param,
             buckets,

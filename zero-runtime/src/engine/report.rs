@@ -77,9 +77,10 @@ pub struct CommReport {
 /// Time by phase.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Timings {
-    /// From a micro-step's first engine call to its first gradient.
+    /// From a micro-step's first engine call to the start of backward (a module's second
+    /// `fetch` in the micro-step, or its first gradient view, whichever comes first).
     pub forward: Duration,
-    /// From the first gradient to the last `grads_ready`.
+    /// From the start of backward to the last `grads_ready`.
     pub backward: Duration,
     /// Issuing and waiting for gradient reductions.
     pub reduce: Duration,

@@ -205,6 +205,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.micro_done = 0;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
+        self.fetched.iter_mut().for_each(|f| *f = false);
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {

@@ -325,9 +325,16 @@ fn formula_name(stage: u8) -> &'static str {
 fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
     let m = &r.memory;
     let stage = cfg.zero.stage;
+    let precision = match cfg.precision {
+        zero_runtime::Precision::Fp32 => "fp32".to_string(),
+        zero_runtime::Precision::Bf16 => "bf16".to_string(),
+        zero_runtime::Precision::Fp16(l) if l.loss_scale == 0.0 => {
+            format!("fp16, dynamic loss scale from 2^{}", l.initial_scale_power)
+        }
+        zero_runtime::Precision::Fp16(l) => format!("fp16, static loss scale {}", l.loss_scale),
+    };
     println!(
-        "\n== stage {stage}, {world} ranks, {:?}: {:.1} s ==",
-        cfg.precision,
+        "\n== stage {stage}, {world} ranks, {precision}: {:.1} s ==",
         r.elapsed.as_secs_f64()
     );
     println!(

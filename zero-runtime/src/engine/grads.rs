@@ -74,22 +74,21 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let total = self.plan.buckets[b].layout.total_len();
         loop {
-            if let Some(mut buf) = self.pool.pop() {
+            // The smallest idle buffer that fits.
+            let fit = (0..self.pool.len())
+                .filter(|&i| self.pool[i].1 >= total)
+                .min_by_key(|&i| self.pool[i].1);
+            if let Some(i) = fit {
+                let (mut buf, cap) = self.pool.swap_remove(i);
                 self.dev.resize(&mut buf, total);
                 self.dev.zero(&mut buf, 0..total);
                 self.buckets[b].grads = Some(buf);
+                self.staging_cap[b] = cap;
                 return Ok(());
             }
             if self.inflight.is_empty() {
-                let largest = self
-                    .plan
-                    .buckets
-                    .iter()
-                    .map(|p| p.layout.total_len())
-                    .max()
-                    .unwrap_or(0);
-                self.pool.push(self.dev.zeros(self.dtype, largest));
-                self.pool_allocated += 1;
+                self.pool.push((self.dev.zeros(self.dtype, total), total));
+                self.pool_allocated += total;
             } else {
                 self.finish_oldest()?;
             }
@@ -181,7 +180,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         self.dev.accumulate(accum, 0, &output, 0..part)?;
                     }
                     self.buckets[bucket].grad_shard = Some(output);
-                    self.pool.push(input);
+                    self.pool.push((input, self.staging_cap[bucket]));
                 } else {
                     // Stage 1: the reduced partition goes back into the whole-bucket buffer.
                     let start = self.plan.buckets[bucket]

@@ -110,9 +110,13 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     plan: Plan,
     buckets: Vec<BucketState<C::Buffer, W2<C>>>,
     frozen: C::Buffer,
-    /// Staging buffers for whole-bucket gradients (stages 2–3), sized to the largest bucket.
-    pool: Vec<C::Buffer>,
+    /// Idle staging buffers for whole-bucket gradients (stages 2–3), with their capacity
+    /// in elements.
+    pool: Vec<(C::Buffer, usize)>,
+    /// Capacity of every staging buffer allocated, in elements.
     pool_allocated: usize,
+    /// Capacity of the staging buffer each bucket holds now.
+    staging_cap: Vec<usize>,
     inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
     scaler: LossScaler,
     schedule: LrSchedule,
@@ -211,6 +215,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             first_param.push(n);
             n += m.params.len();
         }
+        let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
@@ -231,6 +236,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             plan,
             pool: Vec::new(),
             pool_allocated: 0,
+            staging_cap: vec![0; n_buckets],
             inflight: VecDeque::new(),
             optimizer_steps: 0,
             global_steps: 0,

@@ -180,15 +180,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             r.exp_avg_sq += size(&s.opt.exp_avg_sq);
             r.grad_accum += opt_size(s.accum.as_ref());
         }
-        let largest = self
-            .plan
-            .buckets
-            .iter()
-            .map(|p| p.layout.total_len())
-            .max()
-            .unwrap_or(0);
         let p = self.dtype.size_of();
-        r.buckets = self.pool_allocated * largest * p;
+        r.buckets = self.pool_allocated * p;
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
         r.frozen = size(&self.frozen);

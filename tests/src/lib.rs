@@ -13,17 +13,7 @@ pub const DIMS: [usize; 4] = [7, 13, 5, 3];
 
 /// A fresh seed (or `ZERO_TEST_SEED`), printed.
 pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("ZERO_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(11)
-        });
-    println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
-    seed
+    zero_kernels::testing::fresh_seed(test)
 }
 
 /// The model: three linear layers (weight `[out, in]`, bias `[out]`), one module each.

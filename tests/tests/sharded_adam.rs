@@ -10,17 +10,7 @@ use zero_comm::{Communicator, Completion, HostBuffer, HostGroup, ReduceOp};
 use zero_kernels::{adam_step, flatten, unflatten, AdamConfig, DType, Element, FlatLayout};
 
 fn seeded() -> ChaCha8Rng {
-    let seed = std::env::var("ZERO_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(3)
-        });
-    println!("sharded_adam: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
-    ChaCha8Rng::seed_from_u64(seed)
+    ChaCha8Rng::seed_from_u64(zero_kernels::testing::fresh_seed("sharded_adam"))
 }
 
 #[test]

@@ -1,35 +1,18 @@
 //! Every collective against a serial reference, for 1 to 8 ranks and lengths that do not
 //! divide by the world size.
 
+mod common;
+
+use common::run_ranks;
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
-use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostComm, HostGroup, ReduceOp};
+use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp};
 use zero_kernels::{DType, Element};
 
 fn seeded(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("ZERO_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(7)
-        });
-    println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
-    ChaCha8Rng::seed_from_u64(seed)
-}
-
-fn run_ranks<R: Send>(comms: Vec<HostComm>, f: impl Fn(HostComm) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(c))).collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
+    ChaCha8Rng::seed_from_u64(zero_kernels::testing::fresh_seed(test))
 }
 
 fn to_f32(b: &HostBuffer) -> Vec<f32> {

@@ -1,5 +1,8 @@
 //! Misuse and failure: every rank gets an error that names the problem, and nothing hangs.
 
+mod common;
+
+use common::run_ranks;
 use std::time::{Duration, Instant};
 use zero_comm::{
     CommError, Communicator, Completion, HostBuffer, HostComm, HostGroup, OpKind, ReduceOp,
@@ -7,16 +10,6 @@ use zero_comm::{
 use zero_kernels::DType;
 
 const TIMEOUT: Duration = Duration::from_millis(300);
-
-fn run_ranks<R: Send>(comms: Vec<HostComm>, f: impl Fn(HostComm) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(c))).collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
-}
 
 fn f32s(n: usize) -> HostBuffer {
     HostBuffer::F32(vec![1.0; n])

@@ -9,6 +9,7 @@ mod flatten;
 mod layout;
 mod par;
 mod stats;
+pub mod testing;
 
 pub use adam::{adam_step, AdamConfig, WeightDecay};
 pub use cast::cast;

@@ -11,17 +11,7 @@ pub const LENGTHS: [usize; 5] = [0, 1, 7, 1023, (1 << 20) + 3];
 /// A fresh seed per run (or `ZERO_TEST_SEED` to replay one), printed so a failure can be
 /// reproduced.
 pub fn seeded(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("ZERO_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0x5eed)
-        });
-    println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
-    ChaCha8Rng::seed_from_u64(seed)
+    ChaCha8Rng::seed_from_u64(zero_kernels::testing::fresh_seed(test))
 }
 
 /// Random values uniform in `[lo, hi)`, rounded to `T`, never all zero.

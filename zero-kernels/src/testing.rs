@@ -1,0 +1,17 @@
+//! Support for tests across the workspace.
+
+/// A fresh seed for a randomized test — or the one in `ZERO_TEST_SEED`, to replay a
+/// failure — printed with the test's name so every run can be reproduced.
+pub fn fresh_seed(test: &str) -> u64 {
+    let seed = std::env::var("ZERO_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x5eed)
+        });
+    println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
+    seed
+}

@@ -3,6 +3,7 @@
 
 mod adam;
 mod cast;
+pub mod cuda;
 mod dtype;
 mod error;
 mod flatten;

@@ -2,5 +2,6 @@
 #![warn(missing_docs)]
 
 mod loader;
+pub mod nvrtc;
 
 pub use loader::{load_library, LoadError, LoadedLibrary};

@@ -1,0 +1,34 @@
+// Shared by every zero kernel. Free of CUDA headers, so NVRTC and nvcc both compile it:
+// 16-bit types are raw bits, converted with PTX `cvt` (round to nearest even, as the CPU
+// kernels round). Compile with --fmad=false so a·b + c is never contracted, matching the
+// CPU's bits, and with IEEE division and square root (NVRTC's default).
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ float bits_to_f32(u32 b) { float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(b)); return f; }
+__device__ __forceinline__ u32 f32_to_bits(float f) { u32 b; asm("mov.b32 %0, %1;" : "=r"(b) : "f"(f)); return b; }
+
+// Element types: storage type, widening to f32, narrowing from f32 (RNE), finiteness.
+struct F32 {
+    typedef float T;
+    static __device__ __forceinline__ float load(T x) { return x; }
+    static __device__ __forceinline__ T store(float x) { return x; }
+    static __device__ __forceinline__ bool finite(T x) { return (f32_to_bits(x) & 0x7f800000u) != 0x7f800000u; }
+};
+struct F16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(T x) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x)); return f; }
+    static __device__ __forceinline__ T store(float x) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+    static __device__ __forceinline__ bool finite(T x) { return (x & 0x7c00u) != 0x7c00u; }
+};
+struct BF16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(T x) { return bits_to_f32(((u32)x) << 16); }
+    static __device__ __forceinline__ T store(float x) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+    static __device__ __forceinline__ bool finite(T x) { return (x & 0x7f80u) != 0x7f80u; }
+};
+
+__device__ __forceinline__ u64 global_thread() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 global_threads() { return (u64)gridDim.x * blockDim.x; }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// A shared library could not be opened.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     /// None of the candidate names or paths could be opened.
     #[error("could not load {library}: tried {}{}", tried.join(", "), env_hint(env_override))]

@@ -2,13 +2,16 @@
 // zero-kernels/src/adam.rs, element for element, in f32 without FMA.
 // grad_scale and found_inf live in device memory: an overflow found on the device skips
 // the update on the device, with no host sync. mode: 0 no weight decay, 1 L2 (Adam),
-// 2 decoupled (AdamW).
+// 2 decoupled (AdamW). Scalars are separate arguments; `params` may be null (no copy).
 
 struct AdamScalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2;
     float wd, lr_wd, step_size, bc2_sqrt, eps;
     int mode;
 };
+
+#define ADAM_SCALAR_PARAMS float beta1, float one_minus_beta1, float beta2, float one_minus_beta2, \
+    float wd, float lr_wd, float step_size, float bc2_sqrt, float eps, int mode
 
 __device__ __forceinline__ float adam_update(const AdamScalars& s, float w, float& m, float& v, float g) {
     if (s.mode == 1) g = __fadd_rn(g, __fmul_rn(s.wd, w));
@@ -56,13 +59,18 @@ __device__ void adam_impl(float* w, float* m, float* v, const typename G::T* gra
     }
 }
 
-#define ADAM(NAME, G, P)                                                                          \
-    extern "C" __global__ void NAME(float* w, float* m, float* v, const G::T* grads, P::T* params, \
-                                    u64 n, AdamScalars s, const float* grad_scale, const int* found_inf) { \
-        adam_impl<G, P>(w, m, v, grads, params, n, s, grad_scale, found_inf);                       \
+#define ADAM(NAME, G, P)                                                                              \
+    extern "C" __global__ void NAME(float* w, float* m, float* v, const G::T* grads, P::T* params,     \
+                                    u64 n, ADAM_SCALAR_PARAMS, const float* grad_scale, const int* found_inf) { \
+        const AdamScalars s = {beta1, one_minus_beta1, beta2, one_minus_beta2, wd, lr_wd, step_size, bc2_sqrt, eps, mode}; \
+        adam_impl<G, P>(w, m, v, grads, params, n, s, grad_scale, found_inf);                           \
     }
-ADAM(adam_bf16_bf16, BF16, BF16)
-ADAM(adam_f16_f16, F16, F16)
-ADAM(adam_f32_bf16, F32, BF16)
-ADAM(adam_f32_f16, F32, F16)
 ADAM(adam_f32_f32, F32, F32)
+ADAM(adam_f32_f16, F32, F16)
+ADAM(adam_f32_bf16, F32, BF16)
+ADAM(adam_f16_f32, F16, F32)
+ADAM(adam_f16_f16, F16, F16)
+ADAM(adam_f16_bf16, F16, BF16)
+ADAM(adam_bf16_f32, BF16, F32)
+ADAM(adam_bf16_f16, BF16, F16)
+ADAM(adam_bf16_bf16, BF16, BF16)

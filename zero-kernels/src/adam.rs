@@ -101,17 +101,17 @@ impl AdamConfig {
 
 /// Per-step scalars, computed once on the host.
 #[derive(Clone, Copy)]
-struct Scalars {
-    scale: f32,
-    beta1: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    wd: f32,
-    lr_wd: f32,
-    step_size: f32,
-    bc2_sqrt: f32,
-    eps: f32,
+pub(crate) struct Scalars {
+    pub(crate) scale: f32,
+    pub(crate) beta1: f32,
+    pub(crate) one_minus_beta1: f32,
+    pub(crate) beta2: f32,
+    pub(crate) one_minus_beta2: f32,
+    pub(crate) wd: f32,
+    pub(crate) lr_wd: f32,
+    pub(crate) step_size: f32,
+    pub(crate) bc2_sqrt: f32,
+    pub(crate) eps: f32,
 }
 
 const NO_DECAY: u8 = 0;
@@ -165,7 +165,7 @@ pub fn adam_step<G: Element, P: Element>(
     Ok(())
 }
 
-fn scalars(cfg: &AdamConfig, step: u64, grad_scale: f32) -> Scalars {
+pub(crate) fn scalars(cfg: &AdamConfig, step: u64, grad_scale: f32) -> Scalars {
     let t = step.min(i32::MAX as u64) as i32;
     let (bc1, bc2) = if cfg.bias_correction {
         (

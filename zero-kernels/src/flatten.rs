@@ -12,15 +12,13 @@ pub fn flatten<S: Element, D: Element>(
     srcs: &[&[S]],
     flat: &mut [D],
 ) -> Result<(), KernelError> {
-    check_count("flatten", layout, srcs.len())?;
-    check_len("flatten: flat buffer", layout.total_len(), flat.len())?;
-    for (i, src) in srcs.iter().enumerate() {
-        check_len(
-            &format!("flatten: tensor {i}"),
-            layout.sizes()[i],
-            src.len(),
-        )?;
-    }
+    check_shapes(
+        "flatten",
+        layout,
+        srcs.iter().map(|s| s.len()),
+        srcs.len(),
+        flat.len(),
+    )?;
     // Cut `flat` into the disjoint pieces each job writes: tensors and the padding between.
     let mut jobs: Vec<(Option<&[S]>, &mut [D])> = Vec::with_capacity(2 * srcs.len() + 1);
     let mut rest = flat;
@@ -102,6 +100,26 @@ pub fn tensor_views_mut<'a, T>(
         pos = r.end;
     }
     Ok(out)
+}
+
+/// Checks tensor count, each tensor's length and the flat buffer's length against `layout`.
+pub(crate) fn check_shapes(
+    what: &'static str,
+    layout: &FlatLayout,
+    lens: impl Iterator<Item = usize>,
+    count: usize,
+    flat_len: usize,
+) -> Result<(), KernelError> {
+    check_count(what, layout, count)?;
+    check_len(
+        &format!("{what}: flat buffer"),
+        layout.total_len(),
+        flat_len,
+    )?;
+    for (i, len) in lens.enumerate() {
+        check_len(&format!("{what}: tensor {i}"), layout.sizes()[i], len)?;
+    }
+    Ok(())
 }
 
 fn check_count(what: &'static str, layout: &FlatLayout, actual: usize) -> Result<(), KernelError> {

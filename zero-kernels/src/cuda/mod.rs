@@ -4,6 +4,10 @@
 //! Each source is `common.cuh` followed by the kernel file; none includes a CUDA header,
 //! so NVRTC needs no include path. The host launchers arrive with the CUDA path.
 
+mod gpu;
+
+pub use gpu::{Gpu, GpuElement, GpuError};
+
 /// Helpers every kernel file starts with: 16-bit conversions, element types, indexing.
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");
 
@@ -31,11 +35,15 @@ pub const SOURCES: [KernelSource; 4] = [
         name: "adam.cu",
         body: include_str!("../../cuda/adam.cu"),
         entries: &[
-            "adam_bf16_bf16",
-            "adam_f16_f16",
-            "adam_f32_bf16",
-            "adam_f32_f16",
             "adam_f32_f32",
+            "adam_f32_f16",
+            "adam_f32_bf16",
+            "adam_f16_f32",
+            "adam_f16_f16",
+            "adam_f16_bf16",
+            "adam_bf16_f32",
+            "adam_bf16_f16",
+            "adam_bf16_bf16",
         ],
     },
     KernelSource {

@@ -139,19 +139,16 @@ pub fn adam_step<G: Element, P: Element>(
     grads: &[G],
     params_out: Option<&mut [P]>,
 ) -> Result<(), KernelError> {
-    cfg.validate()?;
     let n = master.len();
-    check_len("adam_step: exp_avg", n, exp_avg.len())?;
-    check_len("adam_step: exp_avg_sq", n, exp_avg_sq.len())?;
-    check_len("adam_step: grads", n, grads.len())?;
-    if let Some(p) = &params_out {
-        check_len("adam_step: params_out", n, p.len())?;
-    }
-    if step == 0 {
-        return Err(KernelError::InvalidHyperParameter(
-            "step counts from 1 (the first update is step 1)".into(),
-        ));
-    }
+    check_args(
+        cfg,
+        step,
+        n,
+        exp_avg.len(),
+        exp_avg_sq.len(),
+        grads.len(),
+        params_out.as_ref().map(|p| p.len()),
+    )?;
     let s = scalars(cfg, step, grad_scale);
     match (cfg.weight_decay == 0.0, cfg.decay) {
         (true, _) => run::<NO_DECAY, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out),
@@ -161,6 +158,31 @@ pub fn adam_step<G: Element, P: Element>(
         (false, WeightDecay::Decoupled) => {
             run::<DECOUPLED, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out)
         }
+    }
+    Ok(())
+}
+
+/// Every check `adam_step` makes before touching anything (shared with the GPU path).
+pub(crate) fn check_args(
+    cfg: &AdamConfig,
+    step: u64,
+    n: usize,
+    exp_avg: usize,
+    exp_avg_sq: usize,
+    grads: usize,
+    params_out: Option<usize>,
+) -> Result<(), KernelError> {
+    cfg.validate()?;
+    check_len("adam_step: exp_avg", n, exp_avg)?;
+    check_len("adam_step: exp_avg_sq", n, exp_avg_sq)?;
+    check_len("adam_step: grads", n, grads)?;
+    if let Some(p) = params_out {
+        check_len("adam_step: params_out", n, p)?;
+    }
+    if step == 0 {
+        return Err(KernelError::InvalidHyperParameter(
+            "step counts from 1 (the first update is step 1)".into(),
+        ));
     }
     Ok(())
 }

@@ -182,20 +182,16 @@ impl Gpu {
         grads: &[G],
         params_out: Option<&mut [P]>,
     ) -> Result<(), GpuError> {
-        cfg.validate()?;
         let n = master.len();
-        crate::error::check_len("adam_step: exp_avg", n, exp_avg.len())?;
-        crate::error::check_len("adam_step: exp_avg_sq", n, exp_avg_sq.len())?;
-        crate::error::check_len("adam_step: grads", n, grads.len())?;
-        if let Some(p) = &params_out {
-            crate::error::check_len("adam_step: params_out", n, p.len())?;
-        }
-        if step == 0 {
-            return Err(KernelError::InvalidHyperParameter(
-                "step counts from 1 (the first update is step 1)".into(),
-            )
-            .into());
-        }
+        crate::adam::check_args(
+            cfg,
+            step,
+            n,
+            exp_avg.len(),
+            exp_avg_sq.len(),
+            grads.len(),
+            params_out.as_ref().map(|p| p.len()),
+        )?;
         if n == 0 {
             return Ok(());
         }

@@ -114,9 +114,19 @@ pub(crate) struct Scalars {
     pub(crate) eps: f32,
 }
 
+// Weight-decay modes; adam.cu's `mode` argument uses the same numbers.
 const NO_DECAY: u8 = 0;
 const L2: u8 = 1;
 const DECOUPLED: u8 = 2;
+
+/// Which weight-decay branch a config takes (torch skips decay when it is 0).
+pub(crate) fn decay_mode(cfg: &AdamConfig) -> u8 {
+    match (cfg.weight_decay == 0.0, cfg.decay) {
+        (true, _) => NO_DECAY,
+        (false, WeightDecay::L2) => L2,
+        (false, WeightDecay::Decoupled) => DECOUPLED,
+    }
+}
 
 /// One fused Adam/AdamW step over a contiguous range, on all threads.
 ///
@@ -150,14 +160,10 @@ pub fn adam_step<G: Element, P: Element>(
         params_out.as_ref().map(|p| p.len()),
     )?;
     let s = scalars(cfg, step, grad_scale);
-    match (cfg.weight_decay == 0.0, cfg.decay) {
-        (true, _) => run::<NO_DECAY, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out),
-        (false, WeightDecay::L2) => {
-            run::<L2, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out)
-        }
-        (false, WeightDecay::Decoupled) => {
-            run::<DECOUPLED, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out)
-        }
+    match decay_mode(cfg) {
+        NO_DECAY => run::<NO_DECAY, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out),
+        L2 => run::<L2, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out),
+        _ => run::<DECOUPLED, G, P>(&s, master, exp_avg, exp_avg_sq, grads, params_out),
     }
     Ok(())
 }

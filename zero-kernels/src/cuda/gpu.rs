@@ -7,7 +7,7 @@
 //! the CPU tests' vectors and compare; the engine's device-resident path comes later.
 
 use super::SOURCES;
-use crate::{AdamConfig, Element, FlatLayout, GradStats, KernelError, WeightDecay};
+use crate::{AdamConfig, Element, FlatLayout, GradStats, KernelError};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use zero_sys::cudarc::driver::{
@@ -196,11 +196,7 @@ impl Gpu {
             return Ok(());
         }
         let s = crate::adam::scalars(cfg, step, grad_scale);
-        let mode: i32 = match (cfg.weight_decay == 0.0, cfg.decay) {
-            (true, _) => 0,
-            (false, WeightDecay::L2) => 1,
-            (false, WeightDecay::Decoupled) => 2,
-        };
+        let mode = crate::adam::decay_mode(cfg) as i32;
         let name = format!("adam_{}_{}", G::SUFFIX, P::SUFFIX);
         let f = self.function("adam.cu", &name)?;
         let st = &self.stream;

@@ -14,6 +14,14 @@ pub enum NvrtcError {
     /// The library is not on this machine.
     #[error(transparent)]
     NotFound(#[from] LoadError),
+    /// An NVRTC call other than compiling failed.
+    #[error("{call} failed: {message}")]
+    Call {
+        /// The function.
+        call: &'static str,
+        /// NVRTC's result code.
+        message: String,
+    },
     /// The source did not compile; holds NVRTC's log.
     #[error("NVRTC could not compile `{name}` for {arch}: {log}")]
     Compile {
@@ -44,6 +52,25 @@ pub fn library() -> Result<&'static LoadedLibrary, NvrtcError> {
         })),
     }
 }
+
+/// NVRTC's version as `(major, minor)`, part of the kernel cache key.
+pub fn version() -> Result<(i32, i32), NvrtcError> {
+    library()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes one int through each pointer, both to live locals; the
+    // library was opened above, so cudarc's lazy symbol lookup finds it.
+    let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if rc != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(NvrtcError::Call {
+            call: "nvrtcVersion",
+            message: format!("{rc:?}"),
+        });
+    }
+    Ok((major, minor))
+}
+
+/// The options [`compile_ptx`] always passes, for cache keys: change this with them.
+pub const COMPILE_FLAGS: &str = "-ftz=false -prec-sqrt=true -prec-div=true -fmad=false";
 
 /// Compiles CUDA C `source` to PTX for the virtual architecture `arch` (for example
 /// `compute_90`), with IEEE division and square root and no FMA contraction (so the

@@ -104,10 +104,11 @@ impl Gpu {
         let arch = format!("compute_{major}{minor}");
         let leaked: &'static str = Box::leak(arch.clone().into_boxed_str());
         let mut modules = HashMap::new();
+        let cache = super::ptx_cache::cache_dir();
         for src in SOURCES {
-            let ptx = zero_sys::nvrtc::compile_ptx(&src.program(), src.name, leaked, &[])?;
+            let (ptx, _) = super::ptx_cache::compiled_ptx(&src, leaked, cache.as_deref())?;
             let module = ctx
-                .load_module(zero_sys::cudarc::nvrtc::Ptx::from_src(ptx))
+                .load_module(zero_sys::cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
                 .map_err(driver("load_module"))?;
             modules.insert(src.name, module);
         }

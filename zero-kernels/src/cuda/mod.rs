@@ -5,6 +5,7 @@
 //! so NVRTC needs no include path. The host launchers arrive with the CUDA path.
 
 mod gpu;
+pub mod ptx_cache;
 
 pub use gpu::{Gpu, GpuElement, GpuError};
 

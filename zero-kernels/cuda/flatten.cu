@@ -2,7 +2,9 @@
 // entry per copy: source, destination, length, and the first block that works on it.
 // Block b finds its entry by binary search over first_block, then copies its chunk of
 // CHUNK elements with the cast fused in; groups of 8 elements move as 16-byte vectors
-// (one uint4 of 16-bit values, two float4 of f32) when the pointers allow.
+// (one uint4 of 16-bit values, two float4 of f32) when the pointers allow. The host fills
+// padding with entries whose source is a buffer of zeros (a branch for it here made ptxas
+// spill).
 
 #define FLATTEN_THREADS 256
 #define CHUNK (FLATTEN_THREADS * 8 * 4)
@@ -13,6 +15,26 @@ struct CopyEntry {
     u64 len;
     u64 first_block;
 };
+
+// Eight elements through 16-byte accesses (the pointer is 16-byte aligned), unpacked into
+// registers with shifts rather than through a local array.
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const u16* p, u16* v) {
+    const uint4 a = ((const uint4*)p)[0];
+    v[0] = (u16)a.x; v[1] = (u16)(a.x >> 16); v[2] = (u16)a.y; v[3] = (u16)(a.y >> 16);
+    v[4] = (u16)a.z; v[5] = (u16)(a.z >> 16); v[6] = (u16)a.w; v[7] = (u16)(a.w >> 16);
+}
+__device__ __forceinline__ void store8(float* p, const float* v) {
+    ((float4*)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4*)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(u16* p, const u16* v) {
+    ((uint4*)p)[0] = make_uint4(v[0] | ((u32)v[1] << 16), v[2] | ((u32)v[3] << 16),
+                                v[4] | ((u32)v[5] << 16), v[6] | ((u32)v[7] << 16));
+}
 
 template <typename S, typename D>
 __device__ void copy_impl(const CopyEntry* table, int entries) {
@@ -32,19 +54,10 @@ __device__ void copy_impl(const CopyEntry* table, int entries) {
     for (u64 g = threadIdx.x; g < groups; g += FLATTEN_THREADS) {
         typename S::T in[8];
         typename D::T out[8];
-        if (sizeof(typename S::T) == 4) {
-            ((uint4*)in)[0] = ((const uint4*)(src + 8 * g))[0];
-            ((uint4*)in)[1] = ((const uint4*)(src + 8 * g))[1];
-        } else {
-            ((uint4*)in)[0] = ((const uint4*)(src + 8 * g))[0];
-        }
+        load8(src + 8 * g, in);
+#pragma unroll
         for (int k = 0; k < 8; ++k) out[k] = D::store(S::load(in[k]));
-        if (sizeof(typename D::T) == 4) {
-            ((uint4*)(dst + 8 * g))[0] = ((uint4*)out)[0];
-            ((uint4*)(dst + 8 * g))[1] = ((uint4*)out)[1];
-        } else {
-            ((uint4*)(dst + 8 * g))[0] = ((uint4*)out)[0];
-        }
+        store8(dst + 8 * g, out);
     }
     for (u64 i = groups * 8 + threadIdx.x; i < len; i += FLATTEN_THREADS) dst[i] = D::store(S::load(src[i]));
 }

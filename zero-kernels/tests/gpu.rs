@@ -8,8 +8,10 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use zero_kernels::cuda::{Gpu, GpuElement, GpuError};
-use zero_kernels::{adam_step, cast, flatten, grad_stats, AdamConfig, Element, FlatLayout};
+use zero_kernels::cuda::{AdamViews, Combine, Gpu, GpuElement, GpuError};
+use zero_kernels::{
+    adam_step, cast, flatten, grad_stats, unflatten, AdamConfig, Element, FlatLayout,
+};
 
 fn gpu(test: &str) -> Option<&'static Gpu> {
     match Gpu::get() {
@@ -22,7 +24,7 @@ fn gpu(test: &str) -> Option<&'static Gpu> {
     }
 }
 
-fn cast_case<S: GpuElement, D: GpuElement>(g: &Gpu, rng: &mut ChaCha8Rng) {
+fn cast_case<S: GpuElement, D: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
     for n in LENGTHS {
         let mut src: Vec<S> = wide_vec(rng, n).into_iter().map(S::from_f32).collect();
         plant_non_finite(rng, &mut src);
@@ -50,7 +52,7 @@ fn casts_match_the_cpu() {
     cast_case::<bf16, f16>(g, &mut rng);
 }
 
-fn adam_case<G: GpuElement, P: GpuElement>(g: &Gpu, rng: &mut ChaCha8Rng, copy: bool) {
+fn adam_case<G: GpuElement, P: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng, copy: bool) {
     for n in LENGTHS {
         let mut cfg = if rng.gen_bool(0.5) {
             AdamConfig::adam(1e-3)
@@ -160,5 +162,164 @@ fn flatten_matches_the_cpu() {
         bits(&cpu) == bits(&dev),
         "flatten f32→bf16 of {} tensors differs from the CPU",
         sizes.len()
+    );
+}
+
+#[test]
+fn unflatten_matches_the_cpu() {
+    let Some(g) = gpu("unflatten") else { return };
+    let mut rng = seeded("gpu unflatten");
+    let mut sizes = LENGTHS.to_vec();
+    sizes.extend((0..2000).map(|_| rng.gen_range(0..300)));
+    let layout = FlatLayout::with_default_alignment(&sizes, bf16::DTYPE, 3).unwrap();
+    let flat: Vec<bf16> = random_vec(&mut rng, layout.total_len(), -100.0, 100.0);
+    let mut cpu: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![poison::<f32>(); n]).collect();
+    let mut dev = cpu.clone();
+    let mut cpu_refs: Vec<&mut [f32]> = cpu.iter_mut().map(|t| &mut t[..]).collect();
+    unflatten(&layout, &flat, &mut cpu_refs).unwrap();
+    let mut dev_refs: Vec<&mut [f32]> = dev.iter_mut().map(|t| &mut t[..]).collect();
+    g.unflatten(&layout, &flat, &mut dev_refs).unwrap();
+    assert!(
+        cpu == dev,
+        "unflatten bf16→f32 of {} tensors differs",
+        sizes.len()
+    );
+}
+
+/// The host collectives' reduction: ranks in order, in f32, rounded once.
+fn reduce_reference<T: Element>(srcs: &[Vec<T>], op: Combine) -> Vec<T> {
+    (0..srcs[0].len())
+        .map(|i| {
+            let mut acc = srcs[0][i].to_f32();
+            for s in &srcs[1..] {
+                let x = s[i].to_f32();
+                acc = match op {
+                    Combine::Max if acc.is_nan() || x.is_nan() => f32::NAN,
+                    Combine::Max => acc.max(x),
+                    _ => acc + x,
+                };
+            }
+            if op == Combine::Avg {
+                acc /= srcs.len() as f32;
+            }
+            T::from_f32(acc)
+        })
+        .collect()
+}
+
+fn reduce_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
+    let st = g.default_stream();
+    for ranks in [1, 2, 3, 4] {
+        for n in LENGTHS {
+            for op in [Combine::Sum, Combine::Avg, Combine::Max] {
+                let mut srcs: Vec<Vec<T>> = (0..ranks)
+                    .map(|_| random_vec(rng, n, -50.0, 50.0))
+                    .collect();
+                plant_non_finite(rng, &mut srcs[ranks - 1]);
+                let want = reduce_reference(&srcs, op);
+                // Out of place into an offset of a poisoned buffer (reduce-scatter's shape).
+                let bufs: Vec<_> = srcs.iter().map(|s| st.upload(s).unwrap()).collect();
+                let mut out = st.upload(&vec![poison::<T>(); n + 5]).unwrap();
+                let refs: Vec<_> = bufs.iter().map(|b| (b, 0)).collect();
+                st.reduce(&refs, &mut [(&mut out, 5)], n, op).unwrap();
+                let got: Vec<T> = st.download(&out, 5..n + 5).unwrap();
+                assert!(
+                    bits(&got) == bits(&want),
+                    "reduce {op:?} {} ranks={ranks} n={n}",
+                    T::SUFFIX
+                );
+                // In place on every rank (all-reduce's shape).
+                let mut bufs: Vec<_> = srcs.iter().map(|s| st.upload(s).unwrap()).collect();
+                let mut refs: Vec<_> = bufs.iter_mut().collect();
+                st.reduce_in_place(&mut refs, n, op).unwrap();
+                for b in &bufs {
+                    let got: Vec<T> = st.download(b, 0..n).unwrap();
+                    assert!(
+                        bits(&got) == bits(&want),
+                        "all-reduce {op:?} ranks={ranks} n={n}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn reductions_match_the_host_collectives_bit_for_bit() {
+    let Some(g) = gpu("reduce") else { return };
+    let mut rng = seeded("gpu reduce");
+    reduce_case::<f32>(g, &mut rng);
+    reduce_case::<f16>(g, &mut rng);
+    reduce_case::<bf16>(g, &mut rng);
+}
+
+#[test]
+fn accumulate_matches_the_cpu() {
+    let Some(g) = gpu("accumulate") else { return };
+    let mut rng = seeded("gpu accumulate");
+    let st = g.default_stream();
+    for n in LENGTHS {
+        let acc: Vec<f32> = random_vec(&mut rng, n, -10.0, 10.0);
+        let x: Vec<bf16> = random_vec(&mut rng, n, -10.0, 10.0);
+        let want: Vec<f32> = acc.iter().zip(&x).map(|(a, x)| a + x.to_f32()).collect();
+        let mut dacc = st.upload(&acc).unwrap();
+        let dx = st.upload(&x).unwrap();
+        st.accumulate(&mut dacc, 0, &dx, 0..n).unwrap();
+        let got: Vec<f32> = st.download(&dacc, 0..n).unwrap();
+        assert!(bits(&got) == bits(&want), "accumulate n={n}");
+    }
+}
+
+#[test]
+fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
+    let Some(g) = gpu("adam found_inf") else {
+        return;
+    };
+    let mut rng = seeded("gpu adam found_inf");
+    let st = g.default_stream();
+    let n = 1023;
+    let w: Vec<f32> = random_vec(&mut rng, n, -1.0, 1.0);
+    let grads: Vec<bf16> = random_vec(&mut rng, n, -1.0, 1.0);
+    let (mut dw, mut dm, mut dv) = (
+        st.upload(&w).unwrap(),
+        st.upload(&vec![0.5f32; n]).unwrap(),
+        st.upload(&vec![0.25f32; n]).unwrap(),
+    );
+    let mut dp = st.upload(&vec![poison::<bf16>(); n]).unwrap();
+    let dg = st.upload(&grads).unwrap();
+    let scale = st.upload(&[1.0f32]).unwrap();
+    let flag = st.cuda().clone_htod(&[1i32]).unwrap();
+    st.adam(
+        &AdamConfig::adamw(1e-2),
+        1,
+        &scale.view::<f32>(0..1).unwrap(),
+        Some(&flag.slice(0..1)),
+        AdamViews {
+            master: &mut dw.view_mut::<f32>(0..n).unwrap(),
+            exp_avg: &mut dm.view_mut::<f32>(0..n).unwrap(),
+            exp_avg_sq: &mut dv.view_mut::<f32>(0..n).unwrap(),
+        },
+        &dg.view::<bf16>(0..n).unwrap(),
+        Some(&mut dp.view_mut::<bf16>(0..n).unwrap()),
+    )
+    .unwrap();
+    assert!(
+        bits(&st.download::<f32>(&dw, 0..n).unwrap()) == bits(&w),
+        "weights moved"
+    );
+    assert!(st
+        .download::<f32>(&dm, 0..n)
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0.5));
+    assert!(st
+        .download::<f32>(&dv, 0..n)
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0.25));
+    let p: Vec<bf16> = st.download(&dp, 0..n).unwrap();
+    assert!(
+        bits(&p) == bits(&vec![poison::<bf16>(); n]),
+        "params written"
     );
 }

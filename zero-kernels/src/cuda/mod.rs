@@ -2,12 +2,18 @@
 //! use for the GPU at hand (or by nvcc at build time where present).
 //!
 //! Each source is `common.cuh` followed by the kernel file; none includes a CUDA header,
-//! so NVRTC needs no include path. The host launchers arrive with the CUDA path.
+//! so NVRTC needs no include path. [`GpuStream`] launches them on device buffers.
 
+mod buffer;
 mod gpu;
+mod ops;
 pub mod ptx_cache;
+mod stream;
 
-pub use gpu::{Gpu, GpuElement, GpuError};
+pub use buffer::{GpuBuffer, GpuData, GpuElement};
+pub use gpu::{Gpu, GpuError};
+pub use ops::AdamViews;
+pub use stream::{Combine, GpuStream};
 
 /// Helpers every kernel file starts with: 16-bit conversions, element types, indexing.
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");
@@ -31,7 +37,7 @@ impl KernelSource {
 }
 
 /// Every kernel file.
-pub const SOURCES: [KernelSource; 4] = [
+pub const SOURCES: [KernelSource; 5] = [
     KernelSource {
         name: "adam.cu",
         body: include_str!("../../cuda/adam.cu"),
@@ -75,6 +81,18 @@ pub const SOURCES: [KernelSource; 4] = [
             "cast_bf16_f32",
             "cast_f16_bf16",
             "cast_bf16_f16",
+        ],
+    },
+    KernelSource {
+        name: "reduce.cu",
+        body: include_str!("../../cuda/reduce.cu"),
+        entries: &[
+            "reduce_f32",
+            "reduce_f16",
+            "reduce_bf16",
+            "accumulate_f32",
+            "accumulate_f16",
+            "accumulate_bf16",
         ],
     },
 ];

@@ -1,0 +1,197 @@
+//! Device buffers: typed `cudarc` allocations of one of the three element types, with a
+//! logical length that may be shorter than the allocation (so an empty buffer still owns
+//! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
+
+use super::gpu::{driver, GpuError};
+use crate::{DType, Element};
+use half::{bf16, f16};
+use std::ops::Range;
+use zero_sys::cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits,
+};
+
+/// The allocation behind a [`GpuBuffer`].
+#[derive(Debug)]
+pub enum GpuData {
+    /// `f32` elements.
+    F32(CudaSlice<f32>),
+    /// `f16` elements.
+    F16(CudaSlice<f16>),
+    /// `bf16` elements.
+    BF16(CudaSlice<bf16>),
+}
+
+/// Element types the kernels take, with their kernel-name suffix and typed access to a
+/// [`GpuBuffer`].
+pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
+    /// `f32`, `f16` or `bf16`.
+    const SUFFIX: &'static str;
+    /// The typed allocation, if `d` holds this type.
+    fn slice(d: &GpuData) -> Option<&CudaSlice<Self>>;
+    /// The typed allocation, mutably, if `d` holds this type.
+    fn slice_mut(d: &mut GpuData) -> Option<&mut CudaSlice<Self>>;
+    /// Wraps an allocation.
+    fn wrap(s: CudaSlice<Self>) -> GpuData;
+}
+
+macro_rules! gpu_element {
+    ($t:ty, $suffix:literal, $variant:ident) => {
+        impl GpuElement for $t {
+            const SUFFIX: &'static str = $suffix;
+            fn slice(d: &GpuData) -> Option<&CudaSlice<Self>> {
+                match d {
+                    GpuData::$variant(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn slice_mut(d: &mut GpuData) -> Option<&mut CudaSlice<Self>> {
+                match d {
+                    GpuData::$variant(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn wrap(s: CudaSlice<Self>) -> GpuData {
+                GpuData::$variant(s)
+            }
+        }
+    };
+}
+gpu_element!(f32, "f32", F32);
+gpu_element!(f16, "f16", F16);
+gpu_element!(bf16, "bf16", BF16);
+
+/// Runs `$body` with the type alias `$t` set to the element type of `$dtype`.
+#[macro_export]
+macro_rules! with_gpu_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $t = $crate::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $t = $crate::bf16;
+                $body
+            }
+        }
+    };
+}
+
+/// An owned device buffer: an allocation and how many of its elements are in use.
+#[derive(Debug)]
+pub struct GpuBuffer {
+    data: GpuData,
+    len: usize,
+}
+
+fn out_of_range(what: &str, range: &Range<usize>, len: usize) -> GpuError {
+    GpuError::Kernel(crate::KernelError::LengthMismatch {
+        what: format!("{what}: range {range:?} of a buffer"),
+        expected: len,
+        actual: range.end,
+    })
+}
+
+fn wrong_type(what: &str, want: &str, have: DType) -> GpuError {
+    GpuError::Driver {
+        context: "buffer type",
+        message: format!("{what}: wanted {want} elements, the buffer holds {have}"),
+    }
+}
+
+impl GpuBuffer {
+    /// `len` zeros of `dtype`, allocated on `stream`.
+    pub fn zeros(
+        stream: &std::sync::Arc<CudaStream>,
+        dtype: DType,
+        len: usize,
+    ) -> Result<Self, GpuError> {
+        let cap = len.max(1);
+        let data = with_gpu_type!(dtype, T => T::wrap(
+            stream.alloc_zeros::<T>(cap).map_err(driver("alloc"))?
+        ));
+        Ok(GpuBuffer { data, len })
+    }
+
+    /// Wraps a whole allocation.
+    pub fn from_slice<T: GpuElement>(s: CudaSlice<T>) -> Self {
+        let len = s.len();
+        GpuBuffer {
+            data: T::wrap(s),
+            len,
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            GpuData::F32(_) => DType::F32,
+            GpuData::F16(_) => DType::F16,
+            GpuData::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// Elements in use.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no element is in use.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements allocated.
+    pub fn capacity(&self) -> usize {
+        match &self.data {
+            GpuData::F32(s) => s.len(),
+            GpuData::F16(s) => s.len(),
+            GpuData::BF16(s) => s.len(),
+        }
+    }
+
+    /// Size in bytes of the elements in use.
+    pub fn bytes(&self) -> usize {
+        self.len * self.dtype().size_of()
+    }
+
+    /// Sets the length without touching contents; the caller keeps `len <= capacity()`.
+    pub(crate) fn set_len(&mut self, len: usize) {
+        debug_assert!(len <= self.capacity());
+        self.len = len;
+    }
+
+    /// The allocation.
+    pub fn data(&self) -> &GpuData {
+        &self.data
+    }
+
+    /// `self[range]` as `T`: an error if it holds another type or the range is outside.
+    pub fn view<T: GpuElement>(&self, range: Range<usize>) -> Result<CudaView<'_, T>, GpuError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(out_of_range("view", &range, self.len));
+        }
+        let dtype = self.dtype();
+        T::slice(&self.data)
+            .map(|s| s.slice(range))
+            .ok_or_else(|| wrong_type("view", T::SUFFIX, dtype))
+    }
+
+    /// `self[range]` as mutable `T`.
+    pub fn view_mut<T: GpuElement>(
+        &mut self,
+        range: Range<usize>,
+    ) -> Result<CudaViewMut<'_, T>, GpuError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(out_of_range("view_mut", &range, self.len));
+        }
+        let dtype = self.dtype();
+        T::slice_mut(&mut self.data)
+            .map(|s| s.slice_mut(range))
+            .ok_or_else(|| wrong_type("view_mut", T::SUFFIX, dtype))
+    }
+}

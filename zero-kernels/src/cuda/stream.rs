@@ -1,0 +1,417 @@
+//! Device-resident operations on one CUDA stream: the GPU half of every CPU kernel, over
+//! [`GpuBuffer`]s that stay on the device.
+//!
+//! Work is queued on the stream and the calls return without waiting, except those that
+//! hand a value to the host (downloads and [`GpuStream::stats`]). Buffers used from
+//! several streams are ordered by `cudarc`'s per-allocation events: a kernel that reads a
+//! buffer waits for its last write on any stream, and one that writes it waits for its
+//! last read too, so no buffer is reused or freed while another stream still uses it.
+
+use super::buffer::{GpuBuffer, GpuElement};
+use super::gpu::{driver, Gpu, GpuError};
+use crate::{with_gpu_type, DType, GradStats, KernelError};
+use std::ops::Range;
+use std::sync::Arc;
+use zero_sys::cudarc::driver::{
+    CudaFunction, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg, SyncOnDrop,
+};
+
+/// Threads per block of the element-wise kernels.
+pub(crate) const THREADS: u32 = 256;
+/// Blocks of the stats kernel (fixed, so the summation order is fixed).
+const STATS_BLOCKS: usize = 1024;
+
+/// How [`GpuStream::reduce`] combines sources; the host collectives' `ReduceOp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// Sum in source order, in `f32`.
+    Sum,
+    /// The sum divided by the number of sources.
+    Avg,
+    /// Maximum; NaN wins.
+    Max,
+}
+
+/// A stream of the process's GPU, with the kernels launched on it.
+#[derive(Clone)]
+pub struct GpuStream {
+    gpu: &'static Gpu,
+    stream: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for GpuStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuStream")
+            .field("arch", &self.gpu.arch)
+            .finish()
+    }
+}
+
+pub(crate) fn launch_config(blocks: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks for `n` elements at `per_thread` elements per thread (grid-stride loops cover
+/// the rest).
+pub(crate) fn blocks(n: usize, per_thread: usize) -> u32 {
+    (n.div_ceil(per_thread * THREADS as usize)).clamp(1, 65_535) as u32
+}
+
+fn check_same_len(what: &str, expected: usize, actual: usize) -> Result<(), GpuError> {
+    crate::error::check_len(what, expected, actual).map_err(GpuError::from)
+}
+
+impl GpuStream {
+    pub(crate) fn new(gpu: &'static Gpu, stream: Arc<CudaStream>) -> Self {
+        GpuStream { gpu, stream }
+    }
+
+    /// The `cudarc` stream, for other crates' launches (NCCL takes its raw handle).
+    pub fn cuda(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &'static Gpu {
+        self.gpu
+    }
+
+    /// Blocks the host until everything queued on this stream has run.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream
+            .synchronize()
+            .map_err(driver("stream synchronize"))
+    }
+
+    pub(crate) fn function(
+        &self,
+        file: &'static str,
+        name: &str,
+    ) -> Result<CudaFunction, GpuError> {
+        self.gpu.function(file, name)
+    }
+
+    /// `len` zeros of `dtype`.
+    pub fn zeros(&self, dtype: DType, len: usize) -> Result<GpuBuffer, GpuError> {
+        GpuBuffer::zeros(&self.stream, dtype, len)
+    }
+
+    /// A buffer holding `src`.
+    pub fn upload<T: GpuElement>(&self, src: &[T]) -> Result<GpuBuffer, GpuError> {
+        if src.is_empty() {
+            return self.zeros(T::DTYPE, 0);
+        }
+        let s = self
+            .stream
+            .clone_htod(src)
+            .map_err(driver("copy to device"))?;
+        Ok(GpuBuffer::from_slice(s))
+    }
+
+    /// `src[range]` copied to the host (waits for the stream).
+    pub fn download<T: GpuElement>(
+        &self,
+        src: &GpuBuffer,
+        range: Range<usize>,
+    ) -> Result<Vec<T>, GpuError> {
+        let mut out = vec![T::default(); range.len()];
+        if !out.is_empty() {
+            let view = src.view::<T>(range)?;
+            self.stream
+                .memcpy_dtoh(&view, &mut out)
+                .map_err(driver("copy to host"))?;
+        }
+        Ok(out)
+    }
+
+    /// Writes host `f32` values into `dst[offset..]`, rounding to its type.
+    pub fn upload_f32(
+        &self,
+        dst: &mut GpuBuffer,
+        offset: usize,
+        src: &[f32],
+    ) -> Result<(), GpuError> {
+        let tmp = self.upload(src)?;
+        self.copy(&tmp, 0..src.len(), dst, offset)
+    }
+
+    /// `src[range]` widened to `f32` on the host.
+    pub fn download_f32(&self, src: &GpuBuffer, range: Range<usize>) -> Result<Vec<f32>, GpuError> {
+        if src.dtype() == DType::F32 {
+            return self.download(src, range);
+        }
+        let mut tmp = self.zeros(DType::F32, range.len())?;
+        let n = range.len();
+        self.copy(src, range, &mut tmp, 0)?;
+        self.download(&tmp, 0..n)
+    }
+
+    /// Changes the length, zero-filling new elements; shrinking keeps the allocation.
+    pub fn resize(&self, b: &mut GpuBuffer, len: usize) -> Result<(), GpuError> {
+        let old = b.len();
+        if len <= b.capacity() {
+            b.set_len(len);
+            if len > old {
+                self.zero(b, old..len)?;
+            }
+            return Ok(());
+        }
+        let mut bigger = self.zeros(b.dtype(), len)?;
+        self.copy(b, 0..old, &mut bigger, 0)?;
+        *b = bigger;
+        Ok(())
+    }
+
+    /// Zeroes `b[range]`.
+    pub fn zero(&self, b: &mut GpuBuffer, range: Range<usize>) -> Result<(), GpuError> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        with_gpu_type!(b.dtype(), T => {
+            let mut view = b.view_mut::<T>(range)?;
+            self.stream.memset_zeros(&mut view).map_err(driver("memset"))
+        })
+    }
+
+    /// Copies `src[range]` to `dst[offset..]`, converting type (round to nearest even).
+    pub fn copy(
+        &self,
+        src: &GpuBuffer,
+        range: Range<usize>,
+        dst: &mut GpuBuffer,
+        offset: usize,
+    ) -> Result<(), GpuError> {
+        let n = range.len();
+        let out = offset..offset + n;
+        with_gpu_type!(src.dtype(), S => with_gpu_type!(dst.dtype(), D => {
+            let s = src.view::<S>(range)?;
+            let mut d = dst.view_mut::<D>(out)?;
+            self.cast_view(&s, &mut d)
+        }))
+    }
+
+    /// Typed copy with conversion between views of equal length.
+    pub fn cast_view<S: GpuElement, D: GpuElement>(
+        &self,
+        src: &CudaView<'_, S>,
+        dst: &mut CudaViewMut<'_, D>,
+    ) -> Result<(), GpuError> {
+        check_same_len("cast: dst", src.len(), dst.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        if S::DTYPE == D::DTYPE {
+            let (s, _rs) = src.device_ptr(&self.stream);
+            let (d, _rd) = dst.device_ptr_mut(&self.stream);
+            let bytes = src.len() * std::mem::size_of::<S>();
+            // SAFETY: both ranges hold `bytes` bytes (equal lengths of one element type,
+            // checked above) and the events recorded on drop order later users.
+            return unsafe {
+                zero_sys::cudarc::driver::result::memcpy_dtod_async(
+                    d,
+                    s,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(driver("copy"));
+        }
+        let f = self.function("cast.cu", &format!("cast_{}_{}", S::SUFFIX, D::SUFFIX))?;
+        let n = src.len() as u64;
+        let mut launch = self.stream.launch_builder(&f);
+        launch.arg(src).arg(dst).arg(&n);
+        // SAFETY: cast_S_D(const S*, D*, u64 n) reads n elements of src and writes n of
+        // dst; both views hold exactly n elements.
+        unsafe { launch.launch(launch_config(blocks(src.len(), 4))) }
+            .map(|_| ())
+            .map_err(driver("launch cast"))
+    }
+
+    /// `acc[offset..] += src[range]` in `f32`.
+    pub fn accumulate(
+        &self,
+        acc: &mut GpuBuffer,
+        offset: usize,
+        src: &GpuBuffer,
+        range: Range<usize>,
+    ) -> Result<(), GpuError> {
+        let n = range.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut a = acc.view_mut::<f32>(offset..offset + n)?;
+        with_gpu_type!(src.dtype(), T => {
+            let s = src.view::<T>(range)?;
+            let f = self.function("reduce.cu", &format!("accumulate_{}", T::SUFFIX))?;
+            let n64 = n as u64;
+            let mut launch = self.stream.launch_builder(&f);
+            launch.arg(&mut a).arg(&s).arg(&n64);
+            // SAFETY: accumulate_T(float* acc, const T* src, u64 n): both views hold n
+            // elements.
+            unsafe { launch.launch(launch_config(blocks(n, 4))) }
+                .map(|_| ())
+                .map_err(driver("launch accumulate"))
+        })
+    }
+
+    /// Non-finite check and sum of squares of `b[range]` (waits for the stream).
+    pub fn stats(&self, b: &GpuBuffer, range: Range<usize>) -> Result<GradStats, GpuError> {
+        if range.is_empty() {
+            return Ok(GradStats::EMPTY);
+        }
+        with_gpu_type!(b.dtype(), T => {
+            let x = b.view::<T>(range)?;
+            self.stats_view(&x)
+        })
+    }
+
+    /// [`stats`](Self::stats) of a typed view.
+    pub fn stats_view<T: GpuElement>(&self, x: &CudaView<'_, T>) -> Result<GradStats, GpuError> {
+        if x.is_empty() {
+            return Ok(GradStats::EMPTY);
+        }
+        let st = &self.stream;
+        let f = self.function("stats.cu", &format!("stats_{}", T::SUFFIX))?;
+        let fin = self.function("stats.cu", "stats_finish")?;
+        let nblocks = x.len().div_ceil(THREADS as usize).min(STATS_BLOCKS);
+        let mut sums = st.alloc_zeros::<f64>(nblocks).map_err(driver("alloc"))?;
+        let mut flags = st.alloc_zeros::<i32>(nblocks).map_err(driver("alloc"))?;
+        let mut sum = st.alloc_zeros::<f64>(1).map_err(driver("alloc"))?;
+        let mut flag = st.alloc_zeros::<i32>(1).map_err(driver("alloc"))?;
+        let n = x.len() as u64;
+        let count = nblocks as i32;
+        let mut first = st.launch_builder(&f);
+        first.arg(x).arg(&n).arg(&mut sums).arg(&mut flags);
+        // SAFETY: stats_T(const T* x, u64 n, double* sums, int* flags): x holds n elements;
+        // sums and flags hold one entry per block.
+        unsafe { first.launch(launch_config(nblocks as u32)) }.map_err(driver("launch stats"))?;
+        let mut second = st.launch_builder(&fin);
+        second
+            .arg(&sums)
+            .arg(&flags)
+            .arg(&count)
+            .arg(&mut sum)
+            .arg(&mut flag);
+        // SAFETY: stats_finish reads `count` partials and writes one sum and one flag.
+        unsafe { second.launch(launch_config(1)) }.map_err(driver("launch stats_finish"))?;
+        let s = st.clone_dtoh(&sum).map_err(driver("copy to host"))?;
+        let b = st.clone_dtoh(&flag).map_err(driver("copy to host"))?;
+        Ok(GradStats {
+            sum_sq: s[0],
+            non_finite: b[0] != 0,
+        })
+    }
+
+    /// `dsts[d][i] = op(srcs[0][i], …)` for every destination, sources in order, combined
+    /// in `f32` and rounded once (the host collectives' order and bits). Each source and
+    /// destination is a buffer and an offset; every range holds `n` elements.
+    pub fn reduce(
+        &self,
+        srcs: &[(&GpuBuffer, usize)],
+        dsts: &mut [(&mut GpuBuffer, usize)],
+        n: usize,
+        op: Combine,
+    ) -> Result<(), GpuError> {
+        let dtype = srcs.first().map(|s| s.0.dtype()).ok_or_else(no_sources)?;
+        if n == 0 || dsts.is_empty() {
+            return Ok(());
+        }
+        with_gpu_type!(dtype, T => {
+            let views: Vec<CudaView<'_, T>> = srcs
+                .iter()
+                .map(|(b, off)| b.view::<T>(*off..*off + n))
+                .collect::<Result<_, _>>()?;
+            let mut outs: Vec<CudaViewMut<'_, T>> = dsts
+                .iter_mut()
+                .map(|(b, off)| b.view_mut::<T>(*off..*off + n))
+                .collect::<Result<_, _>>()?;
+            let (src_ptrs, src_guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
+                views.iter().map(|v| v.device_ptr(&self.stream)).unzip();
+            let (dst_ptrs, dst_guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
+                outs.iter_mut().map(|v| v.device_ptr_mut(&self.stream)).unzip();
+            self.launch_reduce::<T>(&src_ptrs, &dst_ptrs, n, op)?;
+            // Dropping the guards records this stream's reads and writes on each buffer.
+            drop((src_guards, dst_guards));
+            Ok(())
+        })
+    }
+
+    /// All-reduce in place: every buffer's first `n` elements become `op` of all of them,
+    /// read in order.
+    pub fn reduce_in_place(
+        &self,
+        bufs: &mut [&mut GpuBuffer],
+        n: usize,
+        op: Combine,
+    ) -> Result<(), GpuError> {
+        let dtype = bufs.first().map(|b| b.dtype()).ok_or_else(no_sources)?;
+        if n == 0 {
+            return Ok(());
+        }
+        with_gpu_type!(dtype, T => {
+            let mut views: Vec<CudaViewMut<'_, T>> = bufs
+                .iter_mut()
+                .map(|b| b.view_mut::<T>(0..n))
+                .collect::<Result<_, _>>()?;
+            let (ptrs, guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
+                views.iter_mut().map(|v| v.device_ptr_mut(&self.stream)).unzip();
+            self.launch_reduce::<T>(&ptrs, &ptrs, n, op)?;
+            drop(guards);
+            Ok(())
+        })
+    }
+
+    fn launch_reduce<T: GpuElement>(
+        &self,
+        srcs: &[u64],
+        dsts: &[u64],
+        n: usize,
+        op: Combine,
+    ) -> Result<(), GpuError> {
+        let src_table = self
+            .stream
+            .clone_htod(srcs)
+            .map_err(driver("copy to device"))?;
+        let dst_table = self
+            .stream
+            .clone_htod(dsts)
+            .map_err(driver("copy to device"))?;
+        let f = self.function("reduce.cu", &format!("reduce_{}", T::SUFFIX))?;
+        let (nsrc, ndst, n64) = (srcs.len() as i32, dsts.len() as i32, n as u64);
+        let code: i32 = match op {
+            Combine::Sum => 0,
+            Combine::Avg => 1,
+            Combine::Max => 2,
+        };
+        let world = nsrc as f32;
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&src_table)
+            .arg(&nsrc)
+            .arg(&dst_table)
+            .arg(&ndst)
+            .arg(&n64)
+            .arg(&code)
+            .arg(&world);
+        // SAFETY: reduce_T(const u64* srcs, int nsrc, const u64* dsts, int ndst, u64 n, int
+        // op, float world): the tables hold nsrc and ndst addresses of ranges of n elements
+        // of T, which the callers keep alive and guarded until the launch is queued.
+        unsafe { launch.launch(launch_config(blocks(n, 4))) }
+            .map(|_| ())
+            .map_err(driver("launch reduce"))
+    }
+}
+
+fn no_sources() -> GpuError {
+    KernelError::LengthMismatch {
+        what: "reduce: sources".into(),
+        expected: 1,
+        actual: 0,
+    }
+    .into()
+}

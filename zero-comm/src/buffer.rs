@@ -3,6 +3,36 @@
 use half::{bf16, f16};
 use zero_kernels::{DType, Element};
 
+/// What a collective needs to know of a buffer, whatever memory it lives in.
+pub trait CommBuffer: Send + 'static {
+    /// The element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// Whether it holds no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl CommBuffer for HostBuffer {
+    fn dtype(&self) -> DType {
+        HostBuffer::dtype(self)
+    }
+    fn len(&self) -> usize {
+        HostBuffer::len(self)
+    }
+}
+
+impl CommBuffer for zero_kernels::cuda::GpuBuffer {
+    fn dtype(&self) -> DType {
+        zero_kernels::cuda::GpuBuffer::dtype(self)
+    }
+    fn len(&self) -> usize {
+        zero_kernels::cuda::GpuBuffer::len(self)
+    }
+}
+
 /// An owned host buffer of one of the three element types.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostBuffer {

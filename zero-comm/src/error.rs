@@ -46,6 +46,16 @@ pub enum CommError {
         /// Ranks that had not issued the collective when the wait expired.
         missing: Vec<usize>,
     },
+    /// The backend failed to run a collective (a CUDA or NCCL error).
+    #[error("collective #{seq} ({op}) failed in the backend: {reason}")]
+    Backend {
+        /// Position of the collective.
+        seq: u64,
+        /// The collective.
+        op: String,
+        /// The backend's message.
+        reason: String,
+    },
     /// The group's progress thread is gone (a bug, reported rather than hung on).
     #[error("the communicator's progress thread is gone")]
     Disconnected,

@@ -3,14 +3,18 @@
 
 mod buffer;
 mod communicator;
+mod device;
 mod error;
+mod group;
 mod host;
 mod op;
 mod stats;
 
-pub use buffer::{HostBuffer, HostElement};
+pub use buffer::{CommBuffer, HostBuffer, HostElement};
 pub use communicator::{Communicator, Completion};
+pub use device::{DeviceComm, DeviceGroup, DeviceWork};
 pub use error::CommError;
-pub use host::{HostComm, HostGroup, HostWork, DEFAULT_TIMEOUT};
+pub use group::{GroupComm, GroupWork, DEFAULT_TIMEOUT};
+pub use host::{HostComm, HostGroup, HostWork};
 pub use op::{even_split, OpKind, ReduceOp};
 pub use stats::{CommStats, OpStats};

@@ -1,8 +1,7 @@
 //! The progress thread of a host group: matches the collectives ranks issue, checks them
 //! against each other, runs them, and turns every failure into an error for every rank.
 
-use super::reduce;
-use crate::buffer::HostBuffer;
+use super::Executor;
 use crate::op::OpDesc;
 use crate::CommError;
 use crossbeam_channel::{Receiver, Sender};
@@ -10,18 +9,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A collective as one rank issued it.
-pub(super) struct Post {
+pub(super) struct Post<B> {
     pub rank: usize,
     pub seq: u64,
     pub desc: OpDesc,
-    pub buffers: Vec<HostBuffer>,
-    pub reply: Sender<Result<Vec<HostBuffer>, CommError>>,
+    pub buffers: Vec<B>,
+    pub reply: Sender<Result<Vec<B>, CommError>>,
 }
 
 /// What ranks tell the progress thread.
-pub(super) enum Msg {
+pub(super) enum Msg<B> {
     /// A rank issued a collective.
-    Post(Post),
+    Post(Post<B>),
     /// A rank issued a collective with bad arguments: the group is aborted.
     Invalid(CommError),
     /// A rank's wait on collective `seq` expired: the group is aborted.
@@ -34,19 +33,21 @@ pub(super) enum Msg {
     Leave { rank: usize, panicked: bool },
 }
 
-struct Group {
+struct Group<B, E> {
     world: usize,
+    exec: E,
     /// Collectives some but not all ranks have issued, by position.
-    pending: BTreeMap<u64, Vec<Option<Post>>>,
+    pending: BTreeMap<u64, Vec<Option<Post<B>>>>,
     /// Set once the group has failed; every later collective gets this error.
     broken: Option<CommError>,
     left: usize,
 }
 
 /// Runs until every rank has left.
-pub(super) fn run(world: usize, rx: Receiver<Msg>) {
+pub(super) fn run<B, E: Executor<B>>(world: usize, rx: Receiver<Msg<B>>, exec: E) {
     let mut g = Group {
         world,
+        exec,
         pending: BTreeMap::new(),
         broken: None,
         left: 0,
@@ -92,8 +93,8 @@ pub(super) fn run(world: usize, rx: Receiver<Msg>) {
     }
 }
 
-impl Group {
-    fn post(&mut self, p: Post) {
+impl<B, E: Executor<B>> Group<B, E> {
+    fn post(&mut self, p: Post<B>) {
         if let Some(err) = &self.broken {
             let _ = p.reply.send(Err(err.clone()));
             return;
@@ -108,13 +109,13 @@ impl Group {
         if slots.iter().all(Option::is_some) {
             let seq = rank_seq(slots);
             if let Some(slots) = self.pending.remove(&seq) {
-                let posts: Vec<Post> = slots.into_iter().flatten().collect();
+                let posts: Vec<Post<B>> = slots.into_iter().flatten().collect();
                 self.complete(seq, posts);
             }
         }
     }
 
-    fn complete(&mut self, seq: u64, posts: Vec<Post>) {
+    fn complete(&mut self, seq: u64, posts: Vec<Post<B>>) {
         if posts.iter().any(|p| p.desc != posts[0].desc) {
             let detail = posts
                 .iter()
@@ -131,9 +132,20 @@ impl Group {
             return;
         }
         let desc = posts[0].desc.clone();
-        let (mut buffers, replies): (Vec<Vec<HostBuffer>>, Vec<_>) =
+        let (mut buffers, replies): (Vec<Vec<B>>, Vec<_>) =
             posts.into_iter().map(|p| (p.buffers, p.reply)).unzip();
-        reduce::execute(&desc, &mut buffers);
+        if let Err(reason) = self.exec.execute(&desc, &mut buffers) {
+            let err = CommError::Backend {
+                seq,
+                op: desc.to_string(),
+                reason,
+            };
+            for reply in &replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+            self.fail(err);
+            return;
+        }
         for (b, reply) in buffers.into_iter().zip(replies) {
             let _ = reply.send(Ok(b));
         }
@@ -150,6 +162,6 @@ impl Group {
     }
 }
 
-fn rank_seq(slots: &[Option<Post>]) -> u64 {
+fn rank_seq<B>(slots: &[Option<Post<B>>]) -> u64 {
     slots.iter().flatten().next().map_or(0, |p| p.seq)
 }

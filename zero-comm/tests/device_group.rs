@@ -1,0 +1,141 @@
+//! The one-device group gives the host group's bits for every collective, dtype and
+//! reduce op at 1 to 4 ranks, on lengths that do not divide by the world size. Without a
+//! GPU it prints a visible skip.
+
+mod common;
+
+use common::run_ranks;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use zero_comm::{
+    even_split, Communicator, Completion, DeviceGroup, HostBuffer, HostGroup, ReduceOp,
+};
+use zero_kernels::cuda::{Gpu, GpuError};
+use zero_kernels::{with_gpu_type, DType, Element};
+
+fn gpu(test: &str) -> Option<&'static Gpu> {
+    match Gpu::get() {
+        Ok(g) => Some(g),
+        Err(GpuError::NoDriver(e)) => {
+            println!("SKIPPED {test}: no GPU on this machine ({e})");
+            None
+        }
+        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    AllReduce(ReduceOp),
+    ReduceScatter(ReduceOp),
+    AllGather,
+    Broadcast(usize),
+}
+
+fn host_vec<T: Element>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f32(x)).collect()
+}
+
+/// Runs `op` on host ranks: the outputs, as bits widened to f32 per rank.
+fn on_host(op: Op, dtype: DType, inputs: &[Vec<f32>], n: usize) -> Vec<Vec<u32>> {
+    let world = inputs.len();
+    let buf = |v: &[f32]| -> HostBuffer {
+        with_gpu_type!(dtype, T => HostBuffer::from(host_vec::<T>(v)))
+    };
+    run_ranks(HostGroup::new(world).unwrap(), |c| {
+        let r = c.rank();
+        let out = match op {
+            Op::AllReduce(o) => c.all_reduce(buf(&inputs[r]), o).unwrap().wait().unwrap(),
+            Op::ReduceScatter(o) => {
+                let len = even_split(n, world, r).len();
+                let w = c
+                    .reduce_scatter(buf(&inputs[r]), buf(&vec![0.0; len]), o)
+                    .unwrap();
+                w.wait().unwrap().1
+            }
+            Op::AllGather => {
+                let len = even_split(n, world, r).len();
+                let w = c
+                    .all_gather(buf(&inputs[r][..len]), buf(&vec![0.0; n]))
+                    .unwrap();
+                w.wait().unwrap().1
+            }
+            Op::Broadcast(root) => c.broadcast(buf(&inputs[r]), root).unwrap().wait().unwrap(),
+        };
+        with_gpu_type!(dtype, T => out.as_slice::<T>().unwrap().iter().map(|x| x.to_f32().to_bits()).collect())
+    })
+}
+
+/// The same on one-device ranks, each issuing from its own stream.
+fn on_device(
+    g: &'static Gpu,
+    op: Op,
+    dtype: DType,
+    inputs: &[Vec<f32>],
+    n: usize,
+) -> Vec<Vec<u32>> {
+    let world = inputs.len();
+    run_ranks(DeviceGroup::new(world).unwrap(), |c| {
+        let st = g.new_stream().unwrap();
+        let r = c.rank();
+        let buf = |v: &[f32]| with_gpu_type!(dtype, T => st.upload(&host_vec::<T>(v)).unwrap());
+        let out = match op {
+            Op::AllReduce(o) => c.all_reduce(buf(&inputs[r]), o).unwrap().wait().unwrap(),
+            Op::ReduceScatter(o) => {
+                let len = even_split(n, world, r).len();
+                let w = c
+                    .reduce_scatter(buf(&inputs[r]), buf(&vec![f32::NAN; len]), o)
+                    .unwrap();
+                w.wait().unwrap().1
+            }
+            Op::AllGather => {
+                let len = even_split(n, world, r).len();
+                let w = c
+                    .all_gather(buf(&inputs[r][..len]), buf(&vec![f32::NAN; n]))
+                    .unwrap();
+                w.wait().unwrap().1
+            }
+            Op::Broadcast(root) => c.broadcast(buf(&inputs[r]), root).unwrap().wait().unwrap(),
+        };
+        let len = out.len();
+        with_gpu_type!(dtype, T => st.download::<T>(&out, 0..len).unwrap().iter().map(|x| x.to_f32().to_bits()).collect())
+    })
+}
+
+#[test]
+fn one_device_collectives_give_the_host_groups_bits() {
+    let Some(g) = gpu("one-device collectives") else {
+        return;
+    };
+    let seed = zero_kernels::testing::fresh_seed("one-device collectives");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for world in 1..=4 {
+        for n in [0, 1, 7, 1000, 65_537] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let mut inputs: Vec<Vec<f32>> = (0..world)
+                    .map(|_| (0..n).map(|_| rng.gen_range(-60.0f32..60.0)).collect())
+                    .collect();
+                if n > 0 {
+                    inputs[world - 1][n / 2] = f32::INFINITY;
+                }
+                let root = rng.gen_range(0..world);
+                for op in [
+                    Op::AllReduce(ReduceOp::Sum),
+                    Op::AllReduce(ReduceOp::Avg),
+                    Op::AllReduce(ReduceOp::Max),
+                    Op::ReduceScatter(ReduceOp::Sum),
+                    Op::ReduceScatter(ReduceOp::Avg),
+                    Op::AllGather,
+                    Op::Broadcast(root),
+                ] {
+                    let host = on_host(op, dtype, &inputs, n);
+                    let dev = on_device(g, op, dtype, &inputs, n);
+                    assert!(
+                        host == dev,
+                        "{op:?} {dtype} world={world} n={n} (seed {seed})"
+                    );
+                }
+            }
+        }
+    }
+}

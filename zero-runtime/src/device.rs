@@ -26,13 +26,13 @@ pub trait Device: Send {
     /// The buffer type (the communicator's buffer type too).
     type Buffer: Send + 'static;
     /// A zeroed buffer.
-    fn zeros(&self, dtype: DType, len: usize) -> Self::Buffer;
+    fn zeros(&self, dtype: DType, len: usize) -> Result<Self::Buffer, EngineError>;
     /// Element count.
     fn len(&self, b: &Self::Buffer) -> usize;
     /// Element type.
     fn dtype(&self, b: &Self::Buffer) -> DType;
     /// Changes the length, zero-filling new elements (keeps the allocation when shrinking).
-    fn resize(&self, b: &mut Self::Buffer, len: usize);
+    fn resize(&self, b: &mut Self::Buffer, len: usize) -> Result<(), EngineError>;
     /// Writes host `f32` values at `offset`, rounding to the buffer's dtype.
     fn upload_f32(
         &self,
@@ -46,6 +46,14 @@ pub trait Device: Send {
         src: &Self::Buffer,
         range: Range<usize>,
     ) -> Result<Vec<f32>, EngineError>;
+    /// `dst[offset..] = round(dst[offset..] + src)`, the sum in `f32` (a trainer's
+    /// gradient added in).
+    fn add_f32(
+        &self,
+        dst: &mut Self::Buffer,
+        offset: usize,
+        src: &[f32],
+    ) -> Result<(), EngineError>;
     /// Copies `src[range]` to `dst[offset..]`, converting dtype.
     fn copy(
         &self,
@@ -63,9 +71,9 @@ pub trait Device: Send {
         range: Range<usize>,
     ) -> Result<(), EngineError>;
     /// Zeroes `b[range]`.
-    fn zero(&self, b: &mut Self::Buffer, range: Range<usize>);
+    fn zero(&self, b: &mut Self::Buffer, range: Range<usize>) -> Result<(), EngineError>;
     /// Non-finite check and sum of squares of `b[range]`.
-    fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> GradStats;
+    fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> Result<GradStats, EngineError>;
     /// One fused Adam step over the whole `state`, with gradients `grads[range]`, writing
     /// the rounded weights to `params[offset..]`.
     #[allow(clippy::too_many_arguments)]
@@ -124,8 +132,8 @@ fn copy_typed<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<(), Ke
 impl Device for HostDevice {
     type Buffer = HostBuffer;
 
-    fn zeros(&self, dtype: DType, len: usize) -> HostBuffer {
-        HostBuffer::zeros(dtype, len)
+    fn zeros(&self, dtype: DType, len: usize) -> Result<HostBuffer, EngineError> {
+        Ok(HostBuffer::zeros(dtype, len))
     }
 
     fn len(&self, b: &HostBuffer) -> usize {
@@ -136,12 +144,13 @@ impl Device for HostDevice {
         b.dtype()
     }
 
-    fn resize(&self, b: &mut HostBuffer, len: usize) {
+    fn resize(&self, b: &mut HostBuffer, len: usize) -> Result<(), EngineError> {
         match b {
             HostBuffer::F32(v) => v.resize(len, 0.0),
             HostBuffer::F16(v) => v.resize(len, f16::ZERO),
             HostBuffer::BF16(v) => v.resize(len, bf16::ZERO),
         }
+        Ok(())
     }
 
     fn upload_f32(
@@ -160,6 +169,16 @@ impl Device for HostDevice {
         let mut out = vec![0f32; range.len()];
         with_slice!(src, s => copy_typed(&s[range.clone()], &mut out)?);
         Ok(out)
+    }
+
+    fn add_f32(&self, dst: &mut HostBuffer, offset: usize, src: &[f32]) -> Result<(), EngineError> {
+        range_check("add", &(offset..offset + src.len()), dst.len())?;
+        with_slice!(dst, d => {
+            for (d, s) in d[offset..offset + src.len()].iter_mut().zip(src) {
+                *d = Element::from_f32(Element::to_f32(*d) + *s);
+            }
+        });
+        Ok(())
     }
 
     fn copy(
@@ -199,16 +218,15 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    fn zero(&self, b: &mut HostBuffer, range: Range<usize>) {
-        with_slice!(b, s => {
-            if let Some(s) = s.get_mut(range) {
-                s.fill(Default::default());
-            }
-        });
+    fn zero(&self, b: &mut HostBuffer, range: Range<usize>) -> Result<(), EngineError> {
+        range_check("zero", &range, b.len())?;
+        with_slice!(b, s => s[range].fill(Default::default()));
+        Ok(())
     }
 
-    fn stats(&self, b: &HostBuffer, range: Range<usize>) -> GradStats {
-        with_slice!(b, s => s.get(range).map_or(GradStats::EMPTY, grad_stats))
+    fn stats(&self, b: &HostBuffer, range: Range<usize>) -> Result<GradStats, EngineError> {
+        range_check("stats", &range, b.len())?;
+        Ok(with_slice!(b, s => grad_stats(&s[range])))
     }
 
     fn adam(

@@ -53,6 +53,9 @@ pub enum EngineError {
         /// What is wrong.
         detail: String,
     },
+    /// The device failed (a CUDA driver error, out of memory, no GPU).
+    #[error("device error: {0}")]
+    Device(String),
     /// A broken invariant inside the engine (a bug, reported rather than panicked on).
     #[error("internal error: {0}")]
     Internal(String),

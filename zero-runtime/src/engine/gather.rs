@@ -124,9 +124,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .params
             .as_ref()
             .ok_or_else(|| EngineError::Internal("parameter shard in flight".into()))?;
-        let mut input = self.dev.zeros(self.dtype, part);
+        let mut input = self.dev.zeros(self.dtype, part)?;
         self.dev.copy(shard, 0..part, &mut input, 0)?;
-        let output = self.dev.zeros(self.dtype, total);
+        let output = self.dev.zeros(self.dtype, total)?;
         let work = self.issue(
             |c| &mut c.param_gather,
             |comm| comm.all_gather(input, output),

@@ -80,14 +80,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 .min_by_key(|&i| self.pool[i].1);
             if let Some(i) = fit {
                 let (mut buf, cap) = self.pool.swap_remove(i);
-                self.dev.resize(&mut buf, total);
-                self.dev.zero(&mut buf, 0..total);
+                self.dev.resize(&mut buf, total)?;
+                self.dev.zero(&mut buf, 0..total)?;
                 self.buckets[b].grads = Some(buf);
                 self.staging_cap[b] = cap;
                 return Ok(());
             }
             if self.inflight.is_empty() {
-                self.pool.push((self.dev.zeros(self.dtype, total), total));
+                self.pool.push((self.dev.zeros(self.dtype, total)?, total));
                 self.pool_allocated += total;
             } else {
                 self.finish_oldest()?;
@@ -111,7 +111,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     )));
                 };
                 self.dev.accumulate(accum, 0, grads, 0..total)?;
-                self.dev.zero(grads, 0..total);
+                self.dev.zero(grads, 0..total)?;
                 if !boundary {
                     return Ok(());
                 }
@@ -130,7 +130,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 )?;
                 Reduction::AllReduce { bucket: b, work }
             } else {
-                let out = self.dev.zeros(self.dtype, part);
+                let out = self.dev.zeros(self.dtype, part)?;
                 let work = self.issue(
                     |c| &mut c.grad_reduce,
                     |comm| comm.reduce_scatter(grads, out, ReduceOp::Avg),

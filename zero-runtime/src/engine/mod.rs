@@ -14,6 +14,7 @@
 //! The trainer multiplies its loss by [`Engine::loss_scale_factor`] (the loss scale over
 //! `K`, as DeepSpeed's `backward` does).
 
+mod buffers;
 mod gather;
 mod grads;
 mod report;
@@ -186,23 +187,28 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             let sharded_params = policy.shards_parameters() && !b.persistent;
             buckets.push(BucketState {
-                params: Some(dev.zeros(dtype, if sharded_params { part } else { total })),
-                grads: (!policy.shards_gradients()).then(|| dev.zeros(dtype, total)),
-                grad_shard: policy.shards_gradients().then(|| dev.zeros(dtype, part)),
-                accum: accumulate.then(|| {
-                    dev.zeros(
-                        DType::F32,
-                        if policy.shards_gradients() {
+                params: Some(dev.zeros(dtype, if sharded_params { part } else { total })?),
+                grads: (!policy.shards_gradients())
+                    .then(|| dev.zeros(dtype, total))
+                    .transpose()?,
+                grad_shard: policy
+                    .shards_gradients()
+                    .then(|| dev.zeros(dtype, part))
+                    .transpose()?,
+                accum: accumulate
+                    .then(|| {
+                        let len = if policy.shards_gradients() {
                             part
                         } else {
                             total
-                        },
-                    )
-                }),
+                        };
+                        dev.zeros(DType::F32, len)
+                    })
+                    .transpose()?,
                 opt: AdamState {
-                    master: dev.zeros(DType::F32, owned),
-                    exp_avg: dev.zeros(DType::F32, owned),
-                    exp_avg_sq: dev.zeros(DType::F32, owned),
+                    master: dev.zeros(DType::F32, owned)?,
+                    exp_avg: dev.zeros(DType::F32, owned)?,
+                    exp_avg_sq: dev.zeros(DType::F32, owned)?,
                 },
                 pending: b.modules.len(),
                 gathered: None,
@@ -220,7 +226,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
             schedule: LrSchedule::new(cfg.optimizer.adam.lr as f64, cfg.scheduler),
-            frozen: dev.zeros(dtype, plan.frozen_len),
+            frozen: dev.zeros(dtype, plan.frozen_len)?,
             cfg,
             policy,
             comm,

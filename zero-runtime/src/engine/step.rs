@@ -69,7 +69,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 scale_change: change,
             }
         };
-        self.clear_gradients();
+        self.clear_gradients()?;
         if self.policy.shards_parameters() {
             self.free_all_gathered()?;
         }
@@ -91,15 +91,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut mine = GradStats::EMPTY;
         for b in 0..self.buckets.len() {
             let (buf, range) = self.step_grads(b)?;
-            mine = mine.merge(self.dev.stats(buf, range));
+            mine = mine.merge(self.dev.stats(buf, range)?);
         }
-        let mut input = self.dev.zeros(DType::F32, 2);
+        let mut input = self.dev.zeros(DType::F32, 2)?;
         self.dev.upload_f32(
             &mut input,
             0,
             &[mine.sum_sq as f32, if mine.non_finite { 1.0 } else { 0.0 }],
         )?;
-        let output = self.dev.zeros(DType::F32, 2 * self.world);
+        let output = self.dev.zeros(DType::F32, 2 * self.world)?;
         let work = self.issue(|c| &mut c.control, |comm| comm.all_gather(input, output))?;
         let (_, all) = work.wait()?;
         let partials = self.dev.download_f32(&all, 0..2 * self.world)?;
@@ -157,9 +157,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let mut opt = std::mem::replace(
                 &mut self.buckets[b].opt,
                 crate::device::AdamState {
-                    master: self.dev.zeros(DType::F32, 0),
-                    exp_avg: self.dev.zeros(DType::F32, 0),
-                    exp_avg_sq: self.dev.zeros(DType::F32, 0),
+                    master: self.dev.zeros(DType::F32, 0)?,
+                    exp_avg: self.dev.zeros(DType::F32, 0)?,
+                    exp_avg_sq: self.dev.zeros(DType::F32, 0)?,
                 },
             );
             let result = {
@@ -178,7 +178,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.buckets[b].opt = opt;
             result?;
             if self.policy.shards_optimizer() && !self.params_sharded(b) {
-                let mut input = self.dev.zeros(self.dtype, part.len());
+                let mut input = self.dev.zeros(self.dtype, part.len())?;
                 self.dev.copy(&params, part.clone(), &mut input, 0)?;
                 let work = self.issue(
                     |c| &mut c.param_gather,
@@ -201,7 +201,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// collective: the reductions it waits for are shared.
     pub fn zero_grad(&mut self) -> Result<(), EngineError> {
         self.finish_all()?;
-        self.clear_gradients();
+        self.clear_gradients()?;
         self.micro_done = 0;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
@@ -209,23 +209,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {
-                self.dev.zero(g, 0..plan.layout.partition_len());
+                self.dev.zero(g, 0..plan.layout.partition_len())?;
             }
         }
         Ok(())
     }
 
-    fn clear_gradients(&mut self) {
+    fn clear_gradients(&mut self) -> Result<(), EngineError> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];
             if let Some(g) = state.grads.as_mut() {
-                self.dev.zero(g, 0..plan.layout.total_len());
+                self.dev.zero(g, 0..plan.layout.total_len())?;
             }
             if let Some(a) = state.accum.as_mut() {
                 let n = self.dev.len(a);
-                self.dev.zero(a, 0..n);
+                self.dev.zero(a, 0..n)?;
             }
         }
+        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! Host views: the parameters and gradients a trainer on the CPU reads and writes, as
-//! slices straight into the engine's flat buffers.
+//! typed slices straight into the engine's flat buffers (no copy).
 
 use super::Engine;
 use crate::device::HostDevice;
@@ -45,20 +45,6 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
         Ok(out)
     }
 
-    /// Module `m`'s parameters converted to `f32` (a copy), in registration order.
-    pub fn params_f32(&self, m: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        fn widen<T: HostElement>(v: Vec<&[T]>) -> Vec<Vec<f32>> {
-            v.into_iter()
-                .map(|s| s.iter().map(|x| x.to_f32()).collect())
-                .collect()
-        }
-        Ok(match self.dtype {
-            zero_kernels::DType::F32 => widen(self.params::<f32>(m)?),
-            zero_kernels::DType::F16 => widen(self.params::<half::f16>(m)?),
-            zero_kernels::DType::BF16 => widen(self.params::<half::bf16>(m)?),
-        })
-    }
-
     /// Mutable views of module `m`'s gradients (trainable parameters only, in registration
     /// order), inside the bucket they are reduced from. They hold zeros at the start of a
     /// micro-step; add the gradient in, then call [`Engine::grads_ready`].
@@ -98,48 +84,5 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
             .into_iter()
             .map(|s| s.ok_or_else(|| EngineError::Internal("gradient view missing".into())))
             .collect()
-    }
-
-    /// Adds `grads` (one `f32` slice per trainable parameter of `m`, in registration
-    /// order) into the module's gradient views, rounding to the gradient dtype.
-    pub fn add_grads_f32(&mut self, m: usize, grads: &[&[f32]]) -> Result<(), EngineError> {
-        fn add<T: HostElement>(
-            views: Vec<&mut [T]>,
-            grads: &[&[f32]],
-            name: &str,
-        ) -> Result<(), EngineError> {
-            if views.len() != grads.len() {
-                return Err(EngineError::GradShape {
-                    module: name.to_string(),
-                    detail: format!(
-                        "{} gradients given for {} trainable parameters",
-                        grads.len(),
-                        views.len()
-                    ),
-                });
-            }
-            for (i, (v, g)) in views.into_iter().zip(grads).enumerate() {
-                if v.len() != g.len() {
-                    return Err(EngineError::GradShape {
-                        module: name.to_string(),
-                        detail: format!(
-                            "gradient {i} has {} elements, the parameter has {}",
-                            g.len(),
-                            v.len()
-                        ),
-                    });
-                }
-                for (d, s) in v.iter_mut().zip(g.iter()) {
-                    *d = T::from_f32(d.to_f32() + *s);
-                }
-            }
-            Ok(())
-        }
-        let name = self.module(m)?.name.clone();
-        match self.dtype {
-            zero_kernels::DType::F32 => add(self.grads_mut::<f32>(m)?, grads, &name),
-            zero_kernels::DType::F16 => add(self.grads_mut::<half::f16>(m)?, grads, &name),
-            zero_kernels::DType::BF16 => add(self.grads_mut::<half::bf16>(m)?, grads, &name),
-        }
     }
 }

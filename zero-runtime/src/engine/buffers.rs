@@ -1,0 +1,127 @@
+//! Where each parameter and gradient lives, for a trainer on any device: the buffer and
+//! the element range inside it. A GPU trainer launches its kernels on these; the `f32`
+//! copies below are the convenience path every device supports.
+
+use super::Engine;
+use crate::device::Device;
+use crate::plan::ParamLoc;
+use crate::EngineError;
+use std::ops::Range;
+use zero_comm::Communicator;
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// The buffer and range holding parameter `k` of module `m` (frozen or trainable).
+    /// In stage 3 the module must be fetched first.
+    pub fn param_buffer(
+        &self,
+        m: usize,
+        k: usize,
+    ) -> Result<(&C::Buffer, Range<usize>), EngineError> {
+        let module = self.module(m)?;
+        let spec = module.params.get(k).ok_or_else(|| EngineError::GradShape {
+            module: module.name.clone(),
+            detail: format!("no parameter {k}: the module has {}", module.params.len()),
+        })?;
+        match self.plan.locs[self.first_param[m] + k] {
+            ParamLoc::Frozen { offset } => Ok((&self.frozen, offset..offset + spec.numel())),
+            ParamLoc::Bucket { bucket, index } => {
+                let state = &self.buckets[bucket];
+                let buf = if self.params_sharded(bucket) {
+                    state
+                        .gathered
+                        .as_ref()
+                        .ok_or_else(|| EngineError::NotFetched(module.name.clone()))?
+                } else {
+                    state
+                        .params
+                        .as_ref()
+                        .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?
+                };
+                Ok((buf, self.plan.buckets[bucket].layout.tensor_range(index)))
+            }
+        }
+    }
+
+    /// The gradient buffer and range of trainable parameter `k` of module `m` (counting
+    /// trainable parameters only). It holds zeros at the start of a micro-step: add the
+    /// gradient in, then call [`Engine::grads_ready`].
+    pub fn grad_buffer_mut(
+        &mut self,
+        m: usize,
+        k: usize,
+    ) -> Result<(&mut C::Buffer, Range<usize>), EngineError> {
+        self.begin_backward(m)?;
+        let (bucket, index) =
+            self.trainable_locs(m)?
+                .get(k)
+                .copied()
+                .ok_or_else(|| EngineError::GradShape {
+                    module: self.modules[m].name.clone(),
+                    detail: format!("no trainable parameter {k}"),
+                })?;
+        let range = self.plan.buckets[bucket].layout.tensor_range(index);
+        let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
+            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
+        })?;
+        Ok((buf, range))
+    }
+
+    /// `(bucket, index in bucket)` of each trainable parameter of module `m`.
+    pub(super) fn trainable_locs(&self, m: usize) -> Result<Vec<(usize, usize)>, EngineError> {
+        let module = self.module(m)?;
+        Ok((0..module.params.len())
+            .filter_map(|k| match self.plan.locs[self.first_param[m] + k] {
+                ParamLoc::Bucket { bucket, index } => Some((bucket, index)),
+                ParamLoc::Frozen { .. } => None,
+            })
+            .collect())
+    }
+
+    /// Module `m`'s parameters converted to `f32` (a copy), in registration order.
+    pub fn params_f32(&self, m: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        (0..self.module(m)?.params.len())
+            .map(|k| {
+                let (buf, range) = self.param_buffer(m, k)?;
+                self.dev.download_f32(buf, range)
+            })
+            .collect()
+    }
+
+    /// Adds `grads` (one `f32` slice per trainable parameter of `m`, in registration
+    /// order) into the module's gradients, rounding to the gradient dtype.
+    pub fn add_grads_f32(&mut self, m: usize, grads: &[&[f32]]) -> Result<(), EngineError> {
+        let name = self.module(m)?.name.clone();
+        let locs = self.trainable_locs(m)?;
+        if locs.len() != grads.len() {
+            return Err(EngineError::GradShape {
+                module: name,
+                detail: format!(
+                    "{} gradients given for {} trainable parameters",
+                    grads.len(),
+                    locs.len()
+                ),
+            });
+        }
+        for (i, ((bucket, index), g)) in locs.iter().zip(grads).enumerate() {
+            let len = self.plan.buckets[*bucket].layout.sizes()[*index];
+            if len != g.len() {
+                return Err(EngineError::GradShape {
+                    module: name,
+                    detail: format!(
+                        "gradient {i} has {} elements, the parameter has {len}",
+                        g.len()
+                    ),
+                });
+            }
+        }
+        self.begin_backward(m)?;
+        for ((bucket, index), g) in locs.iter().zip(grads) {
+            let start = self.plan.buckets[*bucket].layout.tensor_range(*index).start;
+            let buf = self.buckets[*bucket].grads.as_mut().ok_or_else(|| {
+                EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
+            })?;
+            self.dev.add_f32(buf, start, g)?;
+        }
+        Ok(())
+    }
+}

@@ -3,9 +3,9 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use zero_comm::{HostComm, HostGroup};
+use zero_comm::{Communicator, HostComm, HostGroup};
 use zero_runtime::{
-    Engine, EngineError, HostDevice, ModuleSpec, ParamSpec, StepOutcome, ZeroConfig,
+    Device, Engine, EngineError, HostDevice, ModuleSpec, ParamSpec, StepOutcome, ZeroConfig,
 };
 
 /// Layer widths: input 7 → 13 → 5 → 3 (sizes that divide by nothing useful).
@@ -131,8 +131,8 @@ pub type GradHook<'a> = &'a (dyn Fn(usize, usize, usize, &mut Vec<Vec<Vec<f32>>>
 
 /// Runs one optimizer step of the trainer loop on this rank: `accum` micro-steps of
 /// fetch → forward → release, then fetch → backward → grads_ready → release in reverse.
-pub fn train_step(
-    engine: &mut Engine<HostComm, HostDevice>,
+pub fn train_step<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    engine: &mut Engine<C, D>,
     data: &[(Vec<f32>, Vec<f32>)],
     step: usize,
     hook: Option<GradHook>,
@@ -171,8 +171,8 @@ pub fn train_step(
 
 /// Every parameter as f32, `[layer][weight, bias]` (collective in stage 3: call on all
 /// ranks).
-pub fn full_params(
-    engine: &mut Engine<HostComm, HostDevice>,
+pub fn full_params<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    engine: &mut Engine<C, D>,
 ) -> Result<Vec<Vec<Vec<f32>>>, EngineError> {
     (0..3)
         .map(|m| {
@@ -191,15 +191,32 @@ pub fn run_ranks<R: Send>(
     seed: u64,
     f: impl Fn(&mut Engine<HostComm, HostDevice>) -> R + Sync,
 ) -> Vec<R> {
-    let cfg = ZeroConfig::from_json_str(config, world).expect("valid config");
     let comms = HostGroup::with_timeout(world, std::time::Duration::from_secs(30)).expect("group");
+    run_ranks_on(comms, || HostDevice, config, seed, f)
+}
+
+/// [`run_ranks`] over any backend: one engine per communicator in `comms`, each with a
+/// device from `device`, each in its own thread.
+pub fn run_ranks_on<C, D, R>(
+    comms: Vec<C>,
+    device: impl Fn() -> D + Sync,
+    config: &str,
+    seed: u64,
+    f: impl Fn(&mut Engine<C, D>) -> R + Sync,
+) -> Vec<R>
+where
+    C: Communicator,
+    D: Device<Buffer = C::Buffer>,
+    R: Send,
+{
+    let cfg = ZeroConfig::from_json_str(config, comms.len()).expect("valid config");
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let (cfg, f) = (cfg.clone(), &f);
+                let (cfg, f, device) = (cfg.clone(), &f, &device);
                 s.spawn(move || {
-                    let mut e = Engine::new(cfg, mlp_modules(), comm, HostDevice, |id, _, v| {
+                    let mut e = Engine::new(cfg, mlp_modules(), comm, device(), |id, _, v| {
                         init_values(seed, id, v)
                     })
                     .expect("engine");

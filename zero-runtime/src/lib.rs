@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod cuda_device;
 pub mod device;
 pub mod engine;
 mod error;
@@ -11,6 +12,7 @@ pub mod scaler;
 pub mod schedule;
 
 pub use config::{ConfigError, Precision, ZeroConfig};
+pub use cuda_device::CudaDevice;
 pub use device::{Device, HostDevice};
 pub use engine::{
     CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StepOutcome, Timings,

@@ -1,0 +1,152 @@
+//! The engine on the GPU gives the host engine's results: the same trainer loop at world
+//! sizes 1–4 (the one-device group: ranks as threads sharing the GPU), stages 0–3, fp32,
+//! fp16 and bf16, accumulation 1 and 3.
+//! - Without clipping every kernel and reduction gives the host's bits, so the parameters
+//!   must be bit-identical to the host engine's, on every rank.
+//! - With clipping the norm is summed in a different (fixed) order on the GPU, so the
+//!   clip factor may differ in its last bit: the parameters must stay within the bounds
+//!   the host engine keeps against the f64 reference.
+//!
+//! Without a GPU each test prints a visible skip.
+
+use std::time::Duration;
+use zero_comm::{Communicator, DeviceGroup, HostGroup};
+use zero_kernels::cuda::{Gpu, GpuError};
+use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
+use zero_tests::{dataset, full_params, run_ranks_on, seed, train_step};
+
+const STEPS: usize = 8;
+const MICRO: usize = 2;
+
+fn gpu(test: &str) -> bool {
+    match Gpu::get() {
+        Ok(g) => {
+            println!("{test}: on {} ({})", g.name(), g.arch);
+            true
+        }
+        Err(GpuError::NoDriver(e)) => {
+            println!("SKIPPED {test}: no GPU on this machine ({e})");
+            false
+        }
+        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
+    }
+}
+
+fn config(stage: u8, precision: &str, accum: usize, clip: f32) -> String {
+    let precision = match precision {
+        "fp16" => r#""fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8},"#,
+        "bf16" => r#""bf16": {"enabled": true},"#,
+        _ => "",
+    };
+    format!(
+        r#"{{
+            "train_micro_batch_size_per_gpu": {MICRO},
+            "gradient_accumulation_steps": {accum},
+            "gradient_clipping": {clip},
+            {precision}
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
+            "zero_optimization": {{
+                "stage": {stage},
+                "reduce_bucket_size": 64,
+                "stage3_param_persistence_threshold": 4,
+                "stage3_prefetch_bucket_size": 100,
+                "stage3_max_reuse_distance": 0
+            }}
+        }}"#
+    )
+}
+
+type Params = Vec<Vec<Vec<f32>>>;
+
+/// Trains on `world` ranks; returns every rank's final parameters.
+fn train(on_gpu: bool, world: usize, cfg: &str, seed: u64, accum: usize) -> Vec<Params> {
+    let data = dataset(seed, STEPS * world * MICRO * accum);
+    let timeout = Duration::from_secs(60);
+    if on_gpu {
+        let comms = DeviceGroup::with_timeout(world, timeout).expect("device group");
+        run_ranks_on(
+            comms,
+            || CudaDevice::new().expect("device"),
+            cfg,
+            seed,
+            |e| run(e, &data),
+        )
+    } else {
+        let comms = HostGroup::with_timeout(world, timeout).expect("host group");
+        run_ranks_on(comms, || HostDevice, cfg, seed, |e| run(e, &data))
+    }
+}
+
+fn run<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    e: &mut Engine<C, D>,
+    data: &[(Vec<f32>, Vec<f32>)],
+) -> Params {
+    for s in 0..STEPS {
+        train_step(e, data, s, None).expect("step");
+    }
+    full_params(e).expect("params")
+}
+
+fn bits(p: &Params) -> Vec<u32> {
+    p.iter().flatten().flatten().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn gpu_engine_gives_the_host_engines_bits_without_clipping() {
+    if !gpu("GPU engine, no clipping") {
+        return;
+    }
+    let seed = seed("engine_gpu bits");
+    for world in 1..=4 {
+        for stage in 0..=3 {
+            for precision in ["fp32", "fp16", "bf16"] {
+                for accum in [1, 3] {
+                    let cfg = config(stage, precision, accum, 0.0);
+                    let host = train(false, world, &cfg, seed, accum);
+                    let dev = train(true, world, &cfg, seed, accum);
+                    for (r, p) in dev.iter().enumerate() {
+                        assert!(
+                            bits(p) == bits(&host[0]),
+                            "world {world} stage {stage} {precision} accum {accum}: GPU rank \
+                             {r} differs from the host engine (seed {seed})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_engine_with_clipping_stays_within_the_host_bounds() {
+    if !gpu("GPU engine, clipping") {
+        return;
+    }
+    let seed = seed("engine_gpu clipping");
+    for (precision, mean_bound, max_bound) in [
+        ("fp32", 2e-5, 1e-2),
+        ("fp16", 1e-3, 0.05),
+        ("bf16", 4e-3, 0.05),
+    ] {
+        for world in [1, 3] {
+            let cfg = config(2, precision, 1, 0.5);
+            let host = train(false, world, &cfg, seed, 1);
+            let dev = train(true, world, &cfg, seed, 1);
+            let d: Vec<f32> = bits(&host[0])
+                .iter()
+                .zip(bits(&dev[0]))
+                .map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(b)).abs())
+                .collect();
+            let mean = d.iter().sum::<f32>() / d.len() as f32;
+            let max = d.iter().fold(0f32, |m, x| m.max(*x));
+            println!("{precision} world {world}: mean |Δ| {mean:.2e}, max |Δ| {max:.2e}");
+            assert!(
+                mean <= mean_bound && max <= max_bound,
+                "{precision} world {world} (seed {seed})"
+            );
+            for p in &dev[1..] {
+                assert!(bits(p) == bits(&dev[0]), "ranks differ on the GPU");
+            }
+        }
+    }
+}

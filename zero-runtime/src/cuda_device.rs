@@ -1,0 +1,149 @@
+//! The GPU: buffers are [`GpuBuffer`]s on one device, and every operation is a kernel
+//! queued on this rank's stream (`zero-kernels`' CUDA half). The engine is the same as on
+//! the host; only this trait implementation differs.
+
+use crate::device::{AdamState, Device};
+use crate::EngineError;
+use std::ops::Range;
+use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuError, GpuStream};
+use zero_kernels::{with_gpu_type, AdamConfig, DType, GradStats};
+
+/// One rank's view of the process's GPU: its own stream, so ranks sharing the device (the
+/// one-device group) run side by side and order themselves through buffer events.
+#[derive(Debug, Clone)]
+pub struct CudaDevice {
+    stream: GpuStream,
+}
+
+fn device_error(e: GpuError) -> EngineError {
+    match e {
+        GpuError::Kernel(k) => EngineError::Kernel(k),
+        other => EngineError::Device(other.to_string()),
+    }
+}
+
+impl CudaDevice {
+    /// A new stream on the process's GPU (device 0); an error naming the missing driver
+    /// where there is none.
+    pub fn new() -> Result<Self, EngineError> {
+        let gpu = Gpu::get().map_err(device_error)?;
+        Ok(CudaDevice {
+            stream: gpu.new_stream().map_err(device_error)?,
+        })
+    }
+
+    /// The stream this device queues on (for a trainer's own kernels).
+    pub fn stream(&self) -> &GpuStream {
+        &self.stream
+    }
+}
+
+impl Device for CudaDevice {
+    type Buffer = GpuBuffer;
+
+    fn zeros(&self, dtype: DType, len: usize) -> Result<GpuBuffer, EngineError> {
+        self.stream.zeros(dtype, len).map_err(device_error)
+    }
+
+    fn len(&self, b: &GpuBuffer) -> usize {
+        b.len()
+    }
+
+    fn dtype(&self, b: &GpuBuffer) -> DType {
+        b.dtype()
+    }
+
+    fn resize(&self, b: &mut GpuBuffer, len: usize) -> Result<(), EngineError> {
+        self.stream.resize(b, len).map_err(device_error)
+    }
+
+    fn upload_f32(
+        &self,
+        dst: &mut GpuBuffer,
+        offset: usize,
+        src: &[f32],
+    ) -> Result<(), EngineError> {
+        self.stream
+            .upload_f32(dst, offset, src)
+            .map_err(device_error)
+    }
+
+    fn download_f32(&self, src: &GpuBuffer, range: Range<usize>) -> Result<Vec<f32>, EngineError> {
+        self.stream.download_f32(src, range).map_err(device_error)
+    }
+
+    fn add_f32(&self, dst: &mut GpuBuffer, offset: usize, src: &[f32]) -> Result<(), EngineError> {
+        // The convenience path: read, add on the host (the same f32 sum and rounding as
+        // the host device), write back. GPU trainers write into grad_buffer_mut instead.
+        let mut cur = self.download_f32(dst, offset..offset + src.len())?;
+        cur.iter_mut().zip(src).for_each(|(c, s)| *c += *s);
+        self.upload_f32(dst, offset, &cur)
+    }
+
+    fn copy(
+        &self,
+        src: &GpuBuffer,
+        range: Range<usize>,
+        dst: &mut GpuBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        self.stream
+            .copy(src, range, dst, offset)
+            .map_err(device_error)
+    }
+
+    fn accumulate(
+        &self,
+        acc: &mut GpuBuffer,
+        offset: usize,
+        src: &GpuBuffer,
+        range: Range<usize>,
+    ) -> Result<(), EngineError> {
+        self.stream
+            .accumulate(acc, offset, src, range)
+            .map_err(device_error)
+    }
+
+    fn zero(&self, b: &mut GpuBuffer, range: Range<usize>) -> Result<(), EngineError> {
+        self.stream.zero(b, range).map_err(device_error)
+    }
+
+    fn stats(&self, b: &GpuBuffer, range: Range<usize>) -> Result<GradStats, EngineError> {
+        self.stream.stats(b, range).map_err(device_error)
+    }
+
+    fn adam(
+        &self,
+        cfg: &AdamConfig,
+        step: u64,
+        grad_scale: f32,
+        state: &mut AdamState<GpuBuffer>,
+        grads: &GpuBuffer,
+        range: Range<usize>,
+        params: &mut GpuBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        let n = state.master.len();
+        let scale = self.stream.upload(&[grad_scale]).map_err(device_error)?;
+        let mut run = || -> Result<(), GpuError> {
+            let scale = scale.view::<f32>(0..1)?;
+            let mut w = state.master.view_mut::<f32>(0..n)?;
+            let mut m = state.exp_avg.view_mut::<f32>(0..n)?;
+            let mut v = state.exp_avg_sq.view_mut::<f32>(0..n)?;
+            with_gpu_type!(grads.dtype(), G => with_gpu_type!(params.dtype(), P => {
+                let g = grads.view::<G>(range.clone())?;
+                let mut p = params.view_mut::<P>(offset..offset + n)?;
+                self.stream.adam(
+                    cfg,
+                    step,
+                    &scale,
+                    None,
+                    AdamViews { master: &mut w, exp_avg: &mut m, exp_avg_sq: &mut v },
+                    &g,
+                    Some(&mut p),
+                )
+            }))
+        };
+        run().map_err(device_error)
+    }
+}

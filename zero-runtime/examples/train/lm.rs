@@ -6,8 +6,8 @@
 use ndarray::{s, Array1, Array2, ArrayView2, Axis};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use zero_comm::HostComm;
-use zero_runtime::{Engine, EngineError, HostDevice, ModuleSpec, ParamSpec, StepOutcome};
+use zero_comm::Communicator;
+use zero_runtime::{Device, Engine, EngineError, ModuleSpec, ParamSpec, StepOutcome};
 
 /// The text source: an order-2 Markov chain over `vocab` letters. Each of the vocab²
 /// contexts has its own next-letter distribution, drawn at random and made peaky.
@@ -265,8 +265,8 @@ pub fn batch_start(
 
 /// One optimizer step through the engine: forward with fetch/release, backward with
 /// grads_ready in reverse module order, then step(). Returns the mean micro-batch loss.
-pub fn train_step(
-    engine: &mut Engine<HostComm, HostDevice>,
+pub fn train_step<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    engine: &mut Engine<C, D>,
     shape: &Shape,
     text: &[u8],
     step: usize,
@@ -319,8 +319,8 @@ pub fn train_step(
 
 /// Mean loss of the current parameters on `len` held-out characters (a collective in
 /// stage 3: call on every rank).
-pub fn evaluate(
-    engine: &mut Engine<HostComm, HostDevice>,
+pub fn evaluate<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    engine: &mut Engine<C, D>,
     shape: &Shape,
     text: &[u8],
     len: usize,

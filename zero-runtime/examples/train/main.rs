@@ -14,9 +14,9 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use zero_comm::HostGroup;
+use zero_comm::{DeviceGroup, HostGroup};
 use zero_runtime::scaler::ScaleChange;
-use zero_runtime::{CommReport, Engine, HostDevice, MemoryReport, Timings, ZeroConfig};
+use zero_runtime::{CommReport, CudaDevice, Engine, HostDevice, MemoryReport, Timings, ZeroConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PrecisionArg {
@@ -87,9 +87,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    if args.device == DeviceArg::Cuda {
-        return Err("--device cuda: the CUDA path is not built yet (it arrives with the CUDA-path issue); use --device cpu".into());
-    }
     if let (Ok(rank), Ok(world)) = (std::env::var("RANK"), std::env::var("WORLD_SIZE")) {
         return Err(format!(
             "torchrun environment found (RANK={rank}, WORLD_SIZE={world}): one rank per process needs the NCCL/TCP backend, which arrives with the CUDA-path issue. Run without torchrun and use --ranks N for N in-process ranks"
@@ -236,8 +233,42 @@ fn train(
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
     let text = source.sample(args.seed, args.steps * tokens_per_step + shape.context + 1);
     let held_out = source.sample(args.seed ^ 0xe7a1, 8192 + shape.context);
-    let comms =
-        HostGroup::with_timeout(world, Duration::from_secs(300)).map_err(|e| e.to_string())?;
+    let timeout = Duration::from_secs(300);
+    match args.device {
+        DeviceArg::Cpu => {
+            let comms = HostGroup::with_timeout(world, timeout).map_err(|e| e.to_string())?;
+            train_ranks(args, cfg, shape, &text, &held_out, comms, || Ok(HostDevice))
+        }
+        DeviceArg::Cuda => {
+            // Ranks as threads sharing the one GPU (NCCL takes one process per GPU).
+            let comms = DeviceGroup::with_timeout(world, timeout)
+                .map_err(|e| format!("--device cuda: {e}"))?;
+            train_ranks(args, cfg, shape, &text, &held_out, comms, || {
+                CudaDevice::new().map_err(|e| format!("--device cuda: {e}"))
+            })
+        }
+    }
+}
+
+/// Trains one engine per communicator, each rank in its own thread; returns rank 0's
+/// result.
+#[allow(clippy::too_many_arguments)]
+fn train_ranks<C, D>(
+    args: &Args,
+    cfg: &ZeroConfig,
+    shape: &lm::Shape,
+    text: &[u8],
+    held_out: &[u8],
+    comms: Vec<C>,
+    device: impl Fn() -> Result<D, String> + Sync,
+) -> Result<RankResult, String>
+where
+    C: zero_comm::Communicator,
+    D: zero_runtime::Device<Buffer = C::Buffer>,
+{
+    let world = comms.len();
+    let tokens_per_step =
+        world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
     let pb = ProgressBar::new(args.steps as u64);
     pb.set_style(
         ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
@@ -249,10 +280,10 @@ fn train(
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let (pb, text, held_out) = (pb.clone(), &text, &held_out);
+                let (pb, device) = (pb.clone(), &device);
                 s.spawn(move || -> Result<RankResult, String> {
                     let rank = zero_comm::Communicator::rank(&comm);
-                    let mut e: Engine<_, _> = Engine::new(cfg.clone(), shape.modules(), comm, HostDevice, |id, spec, v| shape.init(args.seed, id, spec, v))
+                    let mut e: Engine<_, _> = Engine::new(cfg.clone(), shape.modules(), comm, device()?, |id, spec, v| shape.init(args.seed, id, spec, v))
                         .map_err(|e| e.to_string())?;
                     let t0 = Instant::now();
                     let mut smooth = None::<f32>;

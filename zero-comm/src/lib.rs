@@ -7,6 +7,7 @@ mod device;
 mod error;
 mod group;
 mod host;
+pub mod nccl;
 mod op;
 mod stats;
 

@@ -1,0 +1,321 @@
+//! Bootstrap from the launcher's environment and a TCP rendezvous that hands every rank
+//! rank 0's NCCL unique id.
+//!
+//! `torchrun` and the DeepSpeed launcher set `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR` and `MASTER_PORT`. Rank 0 listens on the rendezvous port; every other
+//! rank connects (retrying until the deadline) and says who it is: a magic word, the
+//! protocol version, its rank and the world size it was launched with. Once all have
+//! arrived, rank 0 checks them (ranks unique and in range, world sizes equal) and sends
+//! each the id, or the reason it refuses. Any rank that does not arrive, or arrives with a
+//! mismatch, makes every rank return an error naming it by the deadline (plus
+//! [`VERDICT_GRACE`] for rank 0's answer to travel); none hangs.
+//!
+//! The port: `ZERO_RENDEZVOUS_PORT` if set; else `MASTER_PORT + 1` under `torchrun`
+//! (whose agent already serves its own store on `MASTER_PORT`, which it says by setting
+//! `TORCHELASTIC_USE_AGENT_STORE`); else `MASTER_PORT`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Bytes of an NCCL unique id.
+pub const ID_BYTES: usize = 128;
+const MAGIC: &[u8; 4] = b"ZERO";
+const VERSION: u32 = 1;
+/// How long past its deadline a rank waits for rank 0's verdict.
+pub const VERDICT_GRACE: Duration = Duration::from_secs(1);
+
+/// Bootstrap failed; every variant names what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BootstrapError {
+    /// A launcher variable is missing.
+    #[error("{0} is not set: launch with torchrun or the deepspeed launcher, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")]
+    Missing(&'static str),
+    /// A launcher variable does not parse or is out of range.
+    #[error("{var}={value}: {reason}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The rendezvous did not complete.
+    #[error("rendezvous at {addr} (rank {rank} of {world}): {reason}")]
+    Rendezvous {
+        /// `host:port`.
+        addr: String,
+        /// This rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Where this process sits in the job, as the launcher said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// Global rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank on this node (the GPU it uses).
+    pub local_rank: usize,
+    /// Rank 0's host.
+    pub master_addr: String,
+    /// The rendezvous port (see the module docs).
+    pub port: u16,
+}
+
+impl LaunchEnv {
+    /// Reads the launcher's variables from the process environment.
+    pub fn from_env() -> Result<Self, BootstrapError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads them through `get` (the environment, or a map in tests).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
+        let num = |var: &'static str| -> Result<usize, BootstrapError> {
+            let v = get(var).ok_or(BootstrapError::Missing(var))?;
+            v.trim().parse().map_err(|e| BootstrapError::Invalid {
+                var,
+                value: v.clone(),
+                reason: format!("not a non-negative integer ({e})"),
+            })
+        };
+        let world_size = num("WORLD_SIZE")?;
+        if world_size == 0 {
+            return Err(BootstrapError::Invalid {
+                var: "WORLD_SIZE",
+                value: "0".into(),
+                reason: "needs at least one rank".into(),
+            });
+        }
+        let rank = num("RANK")?;
+        if rank >= world_size {
+            return Err(BootstrapError::Invalid {
+                var: "RANK",
+                value: rank.to_string(),
+                reason: format!("must be below WORLD_SIZE={world_size}"),
+            });
+        }
+        let local_rank = num("LOCAL_RANK")?;
+        let master_addr = get("MASTER_ADDR").ok_or(BootstrapError::Missing("MASTER_ADDR"))?;
+        let master_port = num("MASTER_PORT")?;
+        let (var, port) = match get("ZERO_RENDEZVOUS_PORT") {
+            Some(p) => {
+                let v = p
+                    .trim()
+                    .parse::<usize>()
+                    .map_err(|e| BootstrapError::Invalid {
+                        var: "ZERO_RENDEZVOUS_PORT",
+                        value: p.clone(),
+                        reason: e.to_string(),
+                    })?;
+                ("ZERO_RENDEZVOUS_PORT", v)
+            }
+            None if get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True") => {
+                ("MASTER_PORT", master_port + 1)
+            }
+            None => ("MASTER_PORT", master_port),
+        };
+        let port =
+            u16::try_from(port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| BootstrapError::Invalid {
+                    var,
+                    value: port.to_string(),
+                    reason: "not a TCP port (1-65535)".into(),
+                })?;
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr,
+            port,
+        })
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.master_addr, self.port)
+    }
+
+    fn error(&self, reason: impl Into<String>) -> BootstrapError {
+        BootstrapError::Rendezvous {
+            addr: self.addr(),
+            rank: self.rank,
+            world: self.world_size,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Exchanges rank 0's `id` with every rank within `timeout`; rank 0 passes its id, the
+/// others `None`. Returns the id on every rank.
+pub fn rendezvous(
+    env: &LaunchEnv,
+    id: Option<[u8; ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; ID_BYTES], BootstrapError> {
+    let deadline = Instant::now() + timeout;
+    if env.world_size == 1 {
+        return id.ok_or_else(|| env.error("rank 0 must supply the id"));
+    }
+    if env.rank == 0 {
+        let id = id.ok_or_else(|| env.error("rank 0 must supply the id"))?;
+        serve(env, id, deadline)
+    } else {
+        join(env, deadline)
+    }
+}
+
+fn hello(env: &LaunchEnv) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(MAGIC);
+    b[4..8].copy_from_slice(&VERSION.to_le_bytes());
+    b[8..12].copy_from_slice(&(env.rank as u32).to_le_bytes());
+    b[12..16].copy_from_slice(&(env.world_size as u32).to_le_bytes());
+    b
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+/// Rank 0: accepts every other rank, checks them, answers each.
+fn serve(
+    env: &LaunchEnv,
+    id: [u8; ID_BYTES],
+    deadline: Instant,
+) -> Result<[u8; ID_BYTES], BootstrapError> {
+    let listener = TcpListener::bind(("0.0.0.0", env.port))
+        .map_err(|e| env.error(format!("rank 0 cannot listen on port {}: {e}", env.port)))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| env.error(e.to_string()))?;
+    let world = env.world_size;
+    let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut problems: Vec<String> = Vec::new();
+    let mut extra: Vec<TcpStream> = Vec::new();
+    // Accept until as many ranks as expected have arrived, valid or not, so that each
+    // hears the verdict; or until the deadline.
+    while peers.iter().flatten().count() + extra.len() < world - 1 {
+        let Some(left) = remaining(deadline) else {
+            break;
+        };
+        match listener.accept() {
+            Ok((mut s, from)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(left));
+                let mut b = [0u8; 16];
+                if let Err(e) = s.read_exact(&mut b) {
+                    problems.push(format!("a peer at {from} sent no greeting ({e})"));
+                    extra.push(s);
+                    continue;
+                }
+                let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+                let (rank, their_world) = (word(8) as usize, word(12) as usize);
+                if &b[..4] != MAGIC || word(4) != VERSION {
+                    problems.push(format!("{from} is not a zero rank of this version"));
+                } else if their_world != world {
+                    problems.push(format!(
+                        "rank {rank} at {from} was launched with WORLD_SIZE={their_world}, rank 0 with {world}"
+                    ));
+                } else if rank == 0 || rank >= world {
+                    problems.push(format!("{from} claims rank {rank}, outside 1..{world}"));
+                } else if peers[rank].is_some() {
+                    problems.push(format!("rank {rank} arrived twice (second from {from})"));
+                } else {
+                    peers[rank] = Some(s);
+                    continue;
+                }
+                extra.push(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                problems.push(format!("accept failed: {e}"));
+                break;
+            }
+        }
+    }
+    let missing: Vec<usize> = (1..world).filter(|r| peers[*r].is_none()).collect();
+    if problems.is_empty() && !missing.is_empty() {
+        problems.push(format!("ranks {missing:?} did not arrive in time"));
+    }
+    let verdict = problems.join("; ");
+    for s in peers.iter_mut().flatten().chain(extra.iter_mut()) {
+        let _ = answer(s, &verdict, &id);
+    }
+    if verdict.is_empty() {
+        Ok(id)
+    } else {
+        Err(env.error(verdict))
+    }
+}
+
+/// Status byte, then the id (ok) or a length-prefixed reason (refused).
+fn answer(s: &mut TcpStream, verdict: &str, id: &[u8; ID_BYTES]) -> std::io::Result<()> {
+    if verdict.is_empty() {
+        s.write_all(&[0])?;
+        s.write_all(id)
+    } else {
+        let msg = verdict.as_bytes();
+        s.write_all(&[1])?;
+        s.write_all(&(msg.len() as u32).to_le_bytes())?;
+        s.write_all(msg)
+    }
+}
+
+/// Ranks 1..: connects to rank 0 (retrying), greets, reads the answer.
+fn join(env: &LaunchEnv, deadline: Instant) -> Result<[u8; ID_BYTES], BootstrapError> {
+    let addrs: Vec<_> = env
+        .addr()
+        .to_socket_addrs()
+        .map_err(|e| env.error(format!("cannot resolve MASTER_ADDR: {e}")))?
+        .collect();
+    let mut last = String::from("no address");
+    let mut stream = None;
+    while stream.is_none() {
+        let Some(left) = remaining(deadline) else {
+            return Err(env.error(format!("rank 0 never answered ({last})")));
+        };
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, left.min(Duration::from_secs(1))) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        if stream.is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut s = stream.ok_or_else(|| env.error("no connection"))?;
+    let io = |e: std::io::Error| env.error(format!("talking to rank 0: {e}"));
+    s.write_all(&hello(env)).map_err(io)?;
+    // Rank 0 answers by its own deadline at the latest; allow for the clocks' offset.
+    let left = remaining(deadline).unwrap_or_default() + VERDICT_GRACE;
+    s.set_read_timeout(Some(left)).map_err(io)?;
+    let mut status = [0u8; 1];
+    s.read_exact(&mut status).map_err(io)?;
+    if status[0] == 0 {
+        let mut id = [0u8; ID_BYTES];
+        s.read_exact(&mut id).map_err(io)?;
+        return Ok(id);
+    }
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).map_err(io)?;
+    let mut msg = vec![0u8; (u32::from_le_bytes(len) as usize).min(1 << 16)];
+    s.read_exact(&mut msg).map_err(io)?;
+    Err(env.error(format!("rank 0 refused: {}", String::from_utf8_lossy(&msg))))
+}

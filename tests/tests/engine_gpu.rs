@@ -7,9 +7,12 @@
 //!   clip factor may differ in its last bit: the parameters must stay within the bounds
 //!   the host engine keeps against the f64 reference.
 //!
-//! Without a GPU each test prints a visible skip.
+//! - NCCL at world size 1 (NCCL takes one GPU per rank) gives the host engine's bits too.
+//!
+//! Without a GPU (or, for the NCCL test, without libnccl) each test prints a visible skip.
 
 use std::time::Duration;
+use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_kernels::cuda::{Gpu, GpuError};
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
@@ -147,6 +150,48 @@ fn gpu_engine_with_clipping_stays_within_the_host_bounds() {
             for p in &dev[1..] {
                 assert!(bits(p) == bits(&dev[0]), "ranks differ on the GPU");
             }
+        }
+    }
+}
+
+#[test]
+fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
+    if !gpu("NCCL engine") {
+        return;
+    }
+    if let Err(e) = zero_sys::nccl::Nccl::get() {
+        println!("SKIPPED NCCL engine: {e}");
+        return;
+    }
+    let seed = seed("engine_gpu nccl");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let env = LaunchEnv {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        port,
+    };
+    for stage in 0..=3 {
+        for precision in ["fp32", "bf16"] {
+            let cfg = config(stage, precision, 1, 0.0);
+            let host = train(false, 1, &cfg, seed, 1);
+            let comm = NcclComm::init(&env, Duration::from_secs(60)).expect("NCCL init");
+            let data = dataset(seed, STEPS * MICRO);
+            let dev = run_ranks_on(
+                vec![comm],
+                || CudaDevice::new().expect("device"),
+                &cfg,
+                seed,
+                |e| run(e, &data),
+            );
+            assert!(
+                bits(&dev[0]) == bits(&host[0]),
+                "stage {stage} {precision}: NCCL engine differs from the host engine (seed {seed})"
+            );
         }
     }
 }

@@ -154,3 +154,16 @@ fn a_rank_without_rank_zero_gives_up_at_the_deadline() {
     assert!(msg.contains("rank 0 never answered"), "{msg}");
     assert!(took < timeout + Duration::from_secs(2), "took {took:?}");
 }
+
+#[test]
+fn nccl_init_without_a_gpu_or_nccl_is_an_error_naming_what_is_missing() {
+    if zero_kernels::cuda::Gpu::get().is_ok() && zero_sys::nccl::Nccl::get().is_ok() {
+        println!("SKIPPED: this machine has a GPU and NCCL (the GPU tests cover init)");
+        return;
+    }
+    let err = zero_comm::nccl::NcclComm::init(&env(0, 1, free_port()), Duration::from_secs(5))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("NCCL") || err.contains("CUDA driver"), "{err}");
+    println!("as expected: {err}");
+}

@@ -6,8 +6,10 @@ use super::gpu::{driver, GpuError};
 use crate::{DType, Element};
 use half::{bf16, f16};
 use std::ops::Range;
+use std::sync::Arc;
 use zero_sys::cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, ValidAsZeroBits,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
+    ValidAsZeroBits,
 };
 
 /// The allocation behind a [`GpuBuffer`].
@@ -168,6 +170,27 @@ impl GpuBuffer {
     /// The allocation.
     pub fn data(&self) -> &GpuData {
         &self.data
+    }
+
+    /// The allocation's device address for a read on `stream` (which first waits for the
+    /// buffer's last write); the guard records the read when dropped, after the caller has
+    /// queued it.
+    pub fn read_addr<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
+        match &self.data {
+            GpuData::F32(s) => s.device_ptr(stream),
+            GpuData::F16(s) => s.device_ptr(stream),
+            GpuData::BF16(s) => s.device_ptr(stream),
+        }
+    }
+
+    /// The allocation's device address for a write on `stream` (which first waits for the
+    /// buffer's last read and write); the guard records the write when dropped.
+    pub fn write_addr<'a>(&'a mut self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
+        match &mut self.data {
+            GpuData::F32(s) => s.device_ptr_mut(stream),
+            GpuData::F16(s) => s.device_ptr_mut(stream),
+            GpuData::BF16(s) => s.device_ptr_mut(stream),
+        }
     }
 
     /// `self[range]` as `T`: an error if it holds another type or the range is outside.

@@ -1,6 +1,8 @@
 //! The process's GPU, over `cudarc`'s driver API.
 //!
-//! [`Gpu::get`] opens device 0 once per process: it checks the driver is there (an error,
+//! [`Gpu::get`] opens the process's device once (`LOCAL_RANK` when a launcher set it, as
+//! DeepSpeed scripts call `torch.cuda.set_device(local_rank)`; else device 0): it checks
+//! the driver is there (an error,
 //! not a panic, where it is not), takes every source in [`SOURCES`](super::SOURCES)
 //! compiled for the device's exact architecture (from the kernel cache, or NVRTC) and
 //! loads them. Work runs on [`GpuStream`]s over device buffers; the methods here mirror
@@ -65,19 +67,34 @@ impl std::fmt::Debug for Gpu {
 static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
 
 impl Gpu {
-    /// The process's GPU (device 0), opened and with kernels compiled on first use.
+    /// The process's GPU (device `LOCAL_RANK`, or 0), opened and with kernels compiled on
+    /// first use.
     pub fn get() -> Result<&'static Gpu, GpuError> {
         zero_sys::driver::library()?;
         GPU.get_or_init(|| Self::open().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|message| GpuError::Driver {
-                context: "opening device 0",
+                context: "opening the GPU",
                 message: message.clone(),
             })
     }
 
     fn open() -> Result<Gpu, GpuError> {
-        let ctx = CudaContext::new(0).map_err(driver("CudaContext::new(0)"))?;
+        let ordinal = match std::env::var("LOCAL_RANK") {
+            Ok(v) => v.trim().parse::<usize>().map_err(|e| GpuError::Driver {
+                context: "LOCAL_RANK",
+                message: format!("LOCAL_RANK={v} is not a device number ({e})"),
+            })?,
+            Err(_) => 0,
+        };
+        let count = CudaContext::device_count().map_err(driver("device_count"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(GpuError::Driver {
+                context: "LOCAL_RANK",
+                message: format!("device {ordinal} asked for, but this machine has {count}"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("CudaContext::new"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute_capability"))?;

@@ -10,6 +10,9 @@
 #[rustfmt::skip]
 #[allow(missing_docs, unsafe_op_in_unsafe_fn)]
 pub mod bindings;
+mod comm;
+
+pub use comm::{CommState, NcclOp, NcclType, RawComm, UNIQUE_ID_BYTES};
 
 use crate::{load_library, LoadError};
 use std::sync::OnceLock;
@@ -149,6 +152,22 @@ mod tests {
             msg.contains("NCCL") && msg.contains("libnccl_zero_missing.so.2"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn nccl_makes_unique_ids_where_installed() {
+        match Nccl::get() {
+            Ok(nccl) => match nccl.unique_id() {
+                Ok(a) => {
+                    let b = nccl.unique_id().expect("second id");
+                    assert_ne!(a, b, "two ids must differ");
+                    assert!(a.iter().any(|&x| x != 0));
+                }
+                // Some NCCL builds need a GPU (or a network interface) to make an id.
+                Err(e) => println!("SKIPPED unique id: {e}"),
+            },
+            Err(e) => println!("SKIPPED: {e}"),
+        }
     }
 
     #[test]

@@ -1,0 +1,566 @@
+//! `NcclComm`: one rank per process and GPU, over NCCL.
+//!
+//! Collectives run on the communicator's own stream. Before one is queued the comm stream
+//! waits for the last write to each buffer (on the compute stream, through `cudarc`'s
+//! per-buffer events), and later kernels on any stream wait for the collective's writes:
+//! compute and communication order themselves with events, never a device-wide sync.
+//! The communicator is created non-blocking; [`Completion::wait`] polls the work's event
+//! and `ncclCommGetAsyncError` until done, and on an NCCL error or after the timeout it
+//! aborts the communicator, so every rank returns an error instead of hanging. Once
+//! aborted, every later collective fails at once.
+//!
+//! NCCL needs pieces of equal length: where a reduce-scatter or all-gather length does not
+//! divide by the world size, the pieces are staged through padded buffers. Results are
+//! NCCL's (its summation order, its `Max`), not bit-identical to the host group's.
+
+use super::bootstrap::{rendezvous, LaunchEnv};
+use crate::op::{even_split, OpDesc, OpKind};
+use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
+use std::cell::Cell;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zero_kernels::cuda::{Gpu, GpuBuffer, GpuError, GpuStream};
+use zero_kernels::DType;
+use zero_sys::cudarc::driver::CudaEvent;
+use zero_sys::nccl::{CommState, Nccl, NcclError, NcclOp, NcclType, RawComm};
+
+/// State shared by the communicator and its pending work.
+struct Shared {
+    nccl: &'static Nccl,
+    comm: Mutex<Option<RawComm>>,
+    /// Set once the communicator failed; every later collective returns it.
+    broken: Mutex<Option<CommError>>,
+    rank: usize,
+    timeout: Duration,
+}
+
+impl Shared {
+    fn failure(&self) -> Option<CommError> {
+        self.broken.lock().ok().and_then(|b| b.clone())
+    }
+
+    /// Aborts the communicator (once) and records why.
+    fn abort(&self, err: CommError) -> CommError {
+        if let Ok(mut b) = self.broken.lock() {
+            if b.is_none() {
+                *b = Some(err.clone());
+            }
+        }
+        if let Some(comm) = self.comm.lock().ok().and_then(|mut c| c.take()) {
+            let _ = self.nccl.abort(comm);
+        }
+        err
+    }
+
+    fn state(&self) -> Result<CommState, NcclError> {
+        match self.comm.lock().ok().as_deref() {
+            Some(Some(c)) => self.nccl.comm_state(c),
+            _ => Ok(CommState::Failed(NcclError::Call {
+                call: "ncclCommGetAsyncError",
+                code: 0,
+                message: "the communicator was aborted".into(),
+            })),
+        }
+    }
+}
+
+/// One rank of an NCCL communicator.
+pub struct NcclComm {
+    shared: Arc<Shared>,
+    world: usize,
+    stream: GpuStream,
+    seq: Cell<u64>,
+    stats: Cell<CommStats>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.shared.rank)
+            .field("world", &self.world)
+            .finish()
+    }
+}
+
+/// A collective queued on an [`NcclComm`]'s stream.
+pub struct NcclWork<T> {
+    shared: Arc<Shared>,
+    event: CudaEvent,
+    seq: u64,
+    op: String,
+    issued: Instant,
+    output: T,
+    /// Staging buffers, kept until the work completes.
+    _staging: Vec<GpuBuffer>,
+}
+
+impl<T> std::fmt::Debug for NcclWork<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclWork")
+            .field("seq", &self.seq)
+            .field("op", &self.op)
+            .finish()
+    }
+}
+
+impl<T> Completion for NcclWork<T> {
+    type Output = T;
+
+    fn wait(self) -> Result<T, CommError> {
+        let sh = &self.shared;
+        loop {
+            if let Some(err) = sh.failure() {
+                return Err(err);
+            }
+            match self.event.try_is_complete() {
+                Ok(true) => return Ok(self.output),
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(sh.abort(backend(self.seq, &self.op, format!("{e:?}"))));
+                }
+            }
+            match sh.state() {
+                Ok(CommState::Failed(e)) | Err(e) => {
+                    return Err(sh.abort(backend(self.seq, &self.op, e.to_string())));
+                }
+                Ok(_) => {}
+            }
+            if self.issued.elapsed() > sh.timeout {
+                return Err(sh.abort(CommError::Timeout {
+                    seq: self.seq,
+                    op: self.op.clone(),
+                    after: sh.timeout,
+                    waiter: sh.rank,
+                    missing: Vec::new(),
+                }));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        self.event.try_is_complete().unwrap_or(true)
+    }
+}
+
+fn backend(seq: u64, op: &str, reason: String) -> CommError {
+    CommError::Backend {
+        seq,
+        op: op.to_string(),
+        reason,
+    }
+}
+
+fn nccl_type(d: DType) -> NcclType {
+    match d {
+        DType::F32 => NcclType::F32,
+        DType::F16 => NcclType::F16,
+        DType::BF16 => NcclType::BF16,
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> NcclOp {
+    match op {
+        ReduceOp::Sum => NcclOp::Sum,
+        ReduceOp::Avg => NcclOp::Avg,
+        ReduceOp::Max => NcclOp::Max,
+    }
+}
+
+impl NcclComm {
+    /// Joins the job the launcher started (see [`LaunchEnv`]): rank 0 makes the unique
+    /// id, the TCP rendezvous hands it out, and every rank initializes non-blocking on its
+    /// GPU (`LOCAL_RANK`). Every step gives up after `timeout` with an error.
+    pub fn from_env(timeout: Duration) -> Result<Self, CommError> {
+        let env = LaunchEnv::from_env().map_err(|e| init_error(e.to_string()))?;
+        Self::init(&env, timeout)
+    }
+
+    /// [`from_env`](Self::from_env) with an explicit environment.
+    pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<Self, CommError> {
+        let nccl = Nccl::get().map_err(|e| init_error(e.to_string()))?;
+        let gpu = Gpu::get().map_err(gpu_init)?;
+        let stream = gpu.new_stream().map_err(gpu_init)?;
+        let id = if env.rank == 0 {
+            Some(nccl.unique_id().map_err(|e| init_error(e.to_string()))?)
+        } else {
+            None
+        };
+        let id = rendezvous(env, id, timeout).map_err(|e| init_error(e.to_string()))?;
+        let deadline = Instant::now() + timeout;
+        // NCCL uses the calling thread's current device.
+        stream
+            .cuda()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| init_error(format!("{e:?}")))?;
+        let comm = nccl
+            .init_rank_nonblocking(env.world_size, &id, env.rank)
+            .map_err(|e| init_error(e.to_string()))?;
+        loop {
+            match nccl.comm_state(&comm) {
+                Ok(CommState::Ready) => break,
+                Ok(CommState::InProgress) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(CommState::InProgress) => {
+                    let _ = nccl.abort(comm);
+                    return Err(init_error(format!(
+                        "ncclCommInitRankConfig did not finish within {timeout:?}"
+                    )));
+                }
+                Ok(CommState::Failed(e)) | Err(e) => {
+                    let _ = nccl.abort(comm);
+                    return Err(init_error(e.to_string()));
+                }
+            }
+        }
+        Ok(NcclComm {
+            shared: Arc::new(Shared {
+                nccl,
+                comm: Mutex::new(Some(comm)),
+                broken: Mutex::new(None),
+                rank: env.rank,
+                timeout,
+            }),
+            world: env.world_size,
+            stream,
+            seq: Cell::new(0),
+            stats: Cell::new(CommStats::default()),
+        })
+    }
+
+    /// The stream collectives run on.
+    pub fn stream(&self) -> &GpuStream {
+        &self.stream
+    }
+
+    /// Queues `launch` (NCCL calls and staging copies on the comm stream) and returns the
+    /// work; `local_check` failing is an error before anything is queued.
+    fn issue<T>(
+        &self,
+        desc: OpDesc,
+        local_check: Result<(), String>,
+        launch: impl FnOnce(&Nccl, &RawComm, &GpuStream) -> Result<(T, Vec<GpuBuffer>), String>,
+    ) -> Result<NcclWork<T>, CommError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let op = desc.to_string();
+        if let Some(err) = self.shared.failure() {
+            return Err(err);
+        }
+        local_check.map_err(|reason| CommError::InvalidArgument {
+            rank: self.shared.rank,
+            op: op.clone(),
+            reason,
+        })?;
+        let mut stats = self.stats.get();
+        let size = desc.dtype.map_or(0, |d| d.size_of());
+        let root = desc.root.unwrap_or(0);
+        stats.record(
+            desc.kind,
+            desc.count,
+            size,
+            self.shared.rank,
+            self.world,
+            root,
+        );
+        self.stats.set(stats);
+        let queued = {
+            let guard = self
+                .shared
+                .comm
+                .lock()
+                .map_err(|_| CommError::Disconnected)?;
+            let comm = guard.as_ref().ok_or_else(|| {
+                self.shared
+                    .failure()
+                    .unwrap_or_else(|| backend(seq, &op, "communicator aborted".into()))
+            })?;
+            launch(self.shared.nccl, comm, &self.stream)
+        };
+        let (output, staging) = queued.map_err(|r| self.shared.abort(backend(seq, &op, r)))?;
+        let event = self
+            .stream
+            .cuda()
+            .record_event(None)
+            .map_err(|e| self.shared.abort(backend(seq, &op, format!("{e:?}"))))?;
+        Ok(NcclWork {
+            shared: self.shared.clone(),
+            event,
+            seq,
+            op,
+            issued: Instant::now(),
+            output,
+            _staging: staging,
+        })
+    }
+}
+
+fn init_error(reason: String) -> CommError {
+    backend(0, "NCCL init", reason)
+}
+
+fn gpu_init(e: GpuError) -> CommError {
+    init_error(e.to_string())
+}
+
+fn raw_stream(st: &GpuStream) -> *mut std::os::raw::c_void {
+    st.cuda().cu_stream() as *mut std::os::raw::c_void
+}
+
+fn same_dtype(a: &GpuBuffer, b: &GpuBuffer) -> Result<(), String> {
+    if a.dtype() == b.dtype() {
+        Ok(())
+    } else {
+        Err(format!(
+            "input is {} but output is {}",
+            a.dtype(),
+            b.dtype()
+        ))
+    }
+}
+
+fn expect_len(what: &str, expected: usize, actual: usize) -> Result<(), String> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(format!("{what} has {actual} elements, expected {expected}"))
+    }
+}
+
+impl Communicator for NcclComm {
+    type Buffer = GpuBuffer;
+    type Pending<T: Send + 'static> = NcclWork<T>;
+
+    fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce(
+        &self,
+        mut buf: GpuBuffer,
+        op: ReduceOp,
+    ) -> Result<NcclWork<GpuBuffer>, CommError> {
+        let desc = OpDesc {
+            kind: OpKind::AllReduce,
+            dtype: Some(buf.dtype()),
+            count: buf.len(),
+            reduce: Some(op),
+            root: None,
+        };
+        self.issue(desc, Ok(()), move |nccl, comm, st| {
+            let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
+            if n > 0 {
+                let (addr, guard) = buf.write_addr(st.cuda());
+                // SAFETY: addr is the live allocation of buf (n elements of ty), kept
+                // alive in the returned work until the event completes; the stream is
+                // the comm stream of the communicator's device.
+                unsafe { nccl.all_reduce(comm, addr, addr, n, ty, nccl_op(op), raw_stream(st)) }
+                    .map_err(|e| e.to_string())?;
+                drop(guard);
+            }
+            Ok((buf, Vec::new()))
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        input: GpuBuffer,
+        mut output: GpuBuffer,
+        op: ReduceOp,
+    ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
+        let (n, world, rank) = (input.len(), self.world, self.shared.rank);
+        let check = same_dtype(&input, &output)
+            .and_then(|_| expect_len("output", even_split(n, world, rank).len(), output.len()));
+        let desc = OpDesc {
+            kind: OpKind::ReduceScatter,
+            dtype: Some(input.dtype()),
+            count: n,
+            reduce: Some(op),
+            root: None,
+        };
+        self.issue(desc, check, move |nccl, comm, st| {
+            let q = n.div_ceil(world);
+            let ty = nccl_type(input.dtype());
+            if q == 0 {
+                return Ok(((input, output), Vec::new()));
+            }
+            let err = |e: GpuError| e.to_string();
+            let mut staging = Vec::new();
+            if n % world == 0 {
+                let (src, g1) = input.read_addr(st.cuda());
+                let (dst, g2) = output.write_addr(st.cuda());
+                // SAFETY: src holds q·world elements, dst q, both alive in the returned
+                // work until its event completes; comm stream of this device.
+                unsafe { nccl.reduce_scatter(comm, src, dst, q, ty, nccl_op(op), raw_stream(st)) }
+                    .map_err(|e| e.to_string())?;
+                drop((g1, g2));
+            } else {
+                // Rank r's piece goes to block r of a padded buffer.
+                let mut padded = st.zeros(input.dtype(), q * world).map_err(err)?;
+                for r in 0..world {
+                    let piece = even_split(n, world, r);
+                    st.copy(&input, piece, &mut padded, r * q).map_err(err)?;
+                }
+                let mut mine = st.zeros(input.dtype(), q).map_err(err)?;
+                {
+                    let (src, g1) = padded.read_addr(st.cuda());
+                    let (dst, g2) = mine.write_addr(st.cuda());
+                    // SAFETY: padded holds q·world elements and mine q, both kept in the
+                    // work's staging until its event completes.
+                    unsafe {
+                        nccl.reduce_scatter(comm, src, dst, q, ty, nccl_op(op), raw_stream(st))
+                    }
+                    .map_err(|e| e.to_string())?;
+                    drop((g1, g2));
+                }
+                let len = output.len();
+                st.copy(&mine, 0..len, &mut output, 0).map_err(err)?;
+                staging.extend([padded, mine]);
+            }
+            Ok(((input, output), staging))
+        })
+    }
+
+    fn all_gather(
+        &self,
+        input: GpuBuffer,
+        mut output: GpuBuffer,
+    ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
+        let (n, world, rank) = (output.len(), self.world, self.shared.rank);
+        let check = same_dtype(&input, &output)
+            .and_then(|_| expect_len("input", even_split(n, world, rank).len(), input.len()));
+        let desc = OpDesc {
+            kind: OpKind::AllGather,
+            dtype: Some(output.dtype()),
+            count: n,
+            reduce: None,
+            root: None,
+        };
+        self.issue(desc, check, move |nccl, comm, st| {
+            let q = n.div_ceil(world);
+            let ty = nccl_type(output.dtype());
+            if q == 0 {
+                return Ok(((input, output), Vec::new()));
+            }
+            let err = |e: GpuError| e.to_string();
+            let mut staging = Vec::new();
+            if n % world == 0 {
+                let (src, g1) = input.read_addr(st.cuda());
+                let (dst, g2) = output.write_addr(st.cuda());
+                // SAFETY: src holds q elements, dst q·world, both alive in the returned
+                // work until its event completes; comm stream of this device.
+                unsafe { nccl.all_gather(comm, src, dst, q, ty, raw_stream(st)) }
+                    .map_err(|e| e.to_string())?;
+                drop((g1, g2));
+            } else {
+                let mut mine = st.zeros(input.dtype(), q).map_err(err)?;
+                st.copy(&input, 0..input.len(), &mut mine, 0).map_err(err)?;
+                let mut padded = st.zeros(input.dtype(), q * world).map_err(err)?;
+                {
+                    let (src, g1) = mine.read_addr(st.cuda());
+                    let (dst, g2) = padded.write_addr(st.cuda());
+                    // SAFETY: mine holds q elements and padded q·world, both kept in the
+                    // work's staging until its event completes.
+                    unsafe { nccl.all_gather(comm, src, dst, q, ty, raw_stream(st)) }
+                        .map_err(|e| e.to_string())?;
+                    drop((g1, g2));
+                }
+                for r in 0..world {
+                    let piece = even_split(n, world, r);
+                    let start = piece.start;
+                    st.copy(&padded, r * q..r * q + piece.len(), &mut output, start)
+                        .map_err(err)?;
+                }
+                staging.extend([mine, padded]);
+            }
+            Ok(((input, output), staging))
+        })
+    }
+
+    fn broadcast(&self, mut buf: GpuBuffer, root: usize) -> Result<NcclWork<GpuBuffer>, CommError> {
+        let check = if root < self.world {
+            Ok(())
+        } else {
+            Err(format!(
+                "root {root} is not a rank of a group of {}",
+                self.world
+            ))
+        };
+        let desc = OpDesc {
+            kind: OpKind::Broadcast,
+            dtype: Some(buf.dtype()),
+            count: buf.len(),
+            reduce: None,
+            root: Some(root),
+        };
+        self.issue(desc, check, move |nccl, comm, st| {
+            let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
+            if n > 0 {
+                let (addr, guard) = buf.write_addr(st.cuda());
+                // SAFETY: addr is buf's live allocation of n elements, kept in the work
+                // until its event completes; comm stream of this device.
+                unsafe { nccl.broadcast(comm, addr, n, ty, root, raw_stream(st)) }
+                    .map_err(|e| e.to_string())?;
+                drop(guard);
+            }
+            Ok((buf, Vec::new()))
+        })
+    }
+
+    fn barrier(&self) -> Result<NcclWork<()>, CommError> {
+        let desc = OpDesc {
+            kind: OpKind::Barrier,
+            dtype: None,
+            count: 0,
+            reduce: None,
+            root: None,
+        };
+        // An all-reduce of one element: it completes only once every rank issued it.
+        self.issue(desc, Ok(()), |nccl, comm, st| {
+            let mut one = st.zeros(DType::F32, 1).map_err(|e| e.to_string())?;
+            {
+                let (addr, guard) = one.write_addr(st.cuda());
+                // SAFETY: one element, kept in the work's staging until its event
+                // completes; comm stream of this device.
+                unsafe {
+                    nccl.all_reduce(
+                        comm,
+                        addr,
+                        addr,
+                        1,
+                        NcclType::F32,
+                        NcclOp::Sum,
+                        raw_stream(st),
+                    )
+                }
+                .map_err(|e| e.to_string())?;
+                drop(guard);
+            }
+            Ok(((), vec![one]))
+        })
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.get()
+    }
+
+    fn reset_stats(&self) {
+        self.stats.set(CommStats::default());
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // Let queued work finish, then free the communicator; a failed one was aborted.
+        let _ = self.stream.synchronize();
+        if let Some(comm) = self.shared.comm.lock().ok().and_then(|mut c| c.take()) {
+            let _ = self.shared.nccl.destroy(comm);
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The checked layer over NCCL's communicator calls: each checks its symbol and return
+//! code and turns them into [`NcclError`]s. Communicators are created non-blocking, so
+//! a caller can poll [`Nccl::comm_state`] with a deadline and [`Nccl::abort`] instead of
+//! hanging on a dead peer. The collectives take raw device pointers and stay `unsafe`.
+
+use super::bindings::{self as b, ncclComm_t};
+use super::{Nccl, NcclError};
+use std::os::raw::c_void;
+
+/// Bytes of a unique id.
+pub const UNIQUE_ID_BYTES: usize = b::NCCL_UNIQUE_ID_BYTES as usize;
+
+/// An NCCL communicator handle. Owned: [`Nccl::abort`] or [`Nccl::destroy`] consumes it.
+#[derive(Debug)]
+pub struct RawComm(ncclComm_t);
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; RawComm is not Sync, and every call takes it by reference from one owner.
+unsafe impl Send for RawComm {}
+
+/// Where a communicator stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommState {
+    /// Ready for (more) work.
+    Ready,
+    /// Initialization or a non-blocking call is still in progress.
+    InProgress,
+    /// An asynchronous error occurred (a peer died, a network error): abort it.
+    Failed(NcclError),
+}
+
+/// Element types NCCL reduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclType {
+    /// `ncclFloat32`.
+    F32,
+    /// `ncclFloat16`.
+    F16,
+    /// `ncclBfloat16`.
+    BF16,
+}
+
+impl NcclType {
+    fn raw(self) -> b::ncclDataType_t {
+        match self {
+            NcclType::F32 => b::ncclDataType_t_ncclFloat32,
+            NcclType::F16 => b::ncclDataType_t_ncclFloat16,
+            NcclType::BF16 => b::ncclDataType_t_ncclBfloat16,
+        }
+    }
+}
+
+/// Reductions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclOp {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclAvg`.
+    Avg,
+    /// `ncclMax`.
+    Max,
+}
+
+impl NcclOp {
+    fn raw(self) -> b::ncclRedOp_t {
+        match self {
+            NcclOp::Sum => b::ncclRedOp_t_ncclSum,
+            NcclOp::Avg => b::ncclRedOp_t_ncclAvg,
+            NcclOp::Max => b::ncclRedOp_t_ncclMax,
+        }
+    }
+}
+
+macro_rules! sym {
+    ($self:expr, $name:ident) => {
+        $self
+            .raw()
+            .$name
+            .as_ref()
+            .map_err(|_| NcclError::MissingSymbol(stringify!($name)))?
+    };
+}
+
+impl Nccl {
+    /// A new unique id (rank 0 makes it; the bootstrap hands it to the others).
+    pub fn unique_id(&self) -> Result<[u8; UNIQUE_ID_BYTES], NcclError> {
+        let f = sym!(self, ncclGetUniqueId);
+        let mut id = b::ncclUniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
+        // SAFETY: ncclGetUniqueId writes one ncclUniqueId through the pointer, to a live
+        // local.
+        self.check("ncclGetUniqueId", unsafe { f(&mut id) })?;
+        Ok(id.internal.map(|c| c as u8))
+    }
+
+    /// Starts joining a communicator of `world` ranks as `rank`, non-blocking: poll
+    /// [`comm_state`](Self::comm_state) until it is ready. The calling thread's current
+    /// CUDA device is the one the communicator uses.
+    pub fn init_rank_nonblocking(
+        &self,
+        world: usize,
+        id: &[u8; UNIQUE_ID_BYTES],
+        rank: usize,
+    ) -> Result<RawComm, NcclError> {
+        let f = sym!(self, ncclCommInitRankConfig);
+        // NCCL_CONFIG_INITIALIZER: every field undefined (INT_MIN / null) but the header.
+        const UNDEF: i32 = i32::MIN;
+        let mut config = b::ncclConfig_t {
+            size: std::mem::size_of::<b::ncclConfig_t>(),
+            magic: 0xcafe_beef,
+            version: b::NCCL_VERSION_CODE,
+            blocking: 0,
+            cgaClusterSize: UNDEF,
+            minCTAs: UNDEF,
+            maxCTAs: UNDEF,
+            netName: std::ptr::null(),
+            splitShare: UNDEF,
+            trafficClass: UNDEF,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEF,
+            CTAPolicy: UNDEF,
+            shrinkShare: UNDEF,
+            nvlsCTAs: UNDEF,
+            nChannelsPerNetPeer: UNDEF,
+            nvlinkCentricSched: UNDEF,
+        };
+        let id = b::ncclUniqueId {
+            internal: id.map(|x| x as std::os::raw::c_char),
+        };
+        let mut comm: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: writes one handle through `comm` (a live local); `config` is a fully
+        // initialized ncclConfig_t of this header's version that outlives the call.
+        let rc = unsafe { f(&mut comm, world as i32, id, rank as i32, &mut config) };
+        if rc != b::ncclResult_t_ncclInProgress {
+            self.check("ncclCommInitRankConfig", rc)?;
+        }
+        if comm.is_null() {
+            return Err(NcclError::Call {
+                call: "ncclCommInitRankConfig",
+                code: rc,
+                message: "no communicator returned".into(),
+            });
+        }
+        Ok(RawComm(comm))
+    }
+
+    /// Polls `comm` (`ncclCommGetAsyncError`).
+    pub fn comm_state(&self, comm: &RawComm) -> Result<CommState, NcclError> {
+        let f = sym!(self, ncclCommGetAsyncError);
+        let mut state: b::ncclResult_t = b::ncclResult_t_ncclSuccess;
+        // SAFETY: comm is a live handle; one ncclResult_t is written to a live local.
+        self.check("ncclCommGetAsyncError", unsafe { f(comm.0, &mut state) })?;
+        Ok(match state {
+            b::ncclResult_t_ncclSuccess => CommState::Ready,
+            b::ncclResult_t_ncclInProgress => CommState::InProgress,
+            other => CommState::Failed(
+                self.check("asynchronous error", other)
+                    .err()
+                    .unwrap_or(NcclError::MissingSymbol("ncclGetErrorString")),
+            ),
+        })
+    }
+
+    /// Aborts `comm`: pending work is dropped and the handle freed; never blocks on peers.
+    pub fn abort(&self, comm: RawComm) -> Result<(), NcclError> {
+        let f = sym!(self, ncclCommAbort);
+        // SAFETY: comm is a live handle, consumed here.
+        self.check("ncclCommAbort", unsafe { f(comm.0) })
+    }
+
+    /// Destroys a healthy `comm` after its work finished.
+    pub fn destroy(&self, comm: RawComm) -> Result<(), NcclError> {
+        let f = sym!(self, ncclCommDestroy);
+        // SAFETY: comm is a live handle, consumed here.
+        self.check("ncclCommDestroy", unsafe { f(comm.0) })
+    }
+
+    fn enqueued(&self, call: &'static str, rc: b::ncclResult_t) -> Result<(), NcclError> {
+        // A non-blocking communicator may answer "in progress": the caller polls.
+        if rc == b::ncclResult_t_ncclInProgress {
+            Ok(())
+        } else {
+            self.check(call, rc)
+        }
+    }
+
+    /// `ncclAllReduce` of `count` elements on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` are device addresses of `count` elements of `ty` (they may be
+    /// equal), valid until the work on `stream` completes; `stream` is a live CUDA stream
+    /// of the communicator's device.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce(
+        &self,
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        count: usize,
+        ty: NcclType,
+        op: NcclOp,
+        stream: *mut c_void,
+    ) -> Result<(), NcclError> {
+        let f = sym!(self, ncclAllReduce);
+        let rc = f(
+            send as *const c_void,
+            recv as *mut c_void,
+            count,
+            ty.raw(),
+            op.raw(),
+            comm.0,
+            stream as b::cudaStream_t,
+        );
+        self.enqueued("ncclAllReduce", rc)
+    }
+
+    /// `ncclReduceScatter`: `send` holds `recv_count × world` elements.
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce), with `send` of `recv_count × world` elements
+    /// and `recv` of `recv_count`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter(
+        &self,
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        recv_count: usize,
+        ty: NcclType,
+        op: NcclOp,
+        stream: *mut c_void,
+    ) -> Result<(), NcclError> {
+        let f = sym!(self, ncclReduceScatter);
+        let rc = f(
+            send as *const c_void,
+            recv as *mut c_void,
+            recv_count,
+            ty.raw(),
+            op.raw(),
+            comm.0,
+            stream as b::cudaStream_t,
+        );
+        self.enqueued("ncclReduceScatter", rc)
+    }
+
+    /// `ncclAllGather`: `recv` holds `send_count × world` elements.
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce), with `send` of `send_count` elements and
+    /// `recv` of `send_count × world`.
+    pub unsafe fn all_gather(
+        &self,
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        send_count: usize,
+        ty: NcclType,
+        stream: *mut c_void,
+    ) -> Result<(), NcclError> {
+        let f = sym!(self, ncclAllGather);
+        let rc = f(
+            send as *const c_void,
+            recv as *mut c_void,
+            send_count,
+            ty.raw(),
+            comm.0,
+            stream as b::cudaStream_t,
+        );
+        self.enqueued("ncclAllGather", rc)
+    }
+
+    /// `ncclBroadcast` from `root`, in place.
+    ///
+    /// # Safety
+    /// As [`all_reduce`](Self::all_reduce), with `buf` of `count` elements.
+    pub unsafe fn broadcast(
+        &self,
+        comm: &RawComm,
+        buf: u64,
+        count: usize,
+        ty: NcclType,
+        root: usize,
+        stream: *mut c_void,
+    ) -> Result<(), NcclError> {
+        let f = sym!(self, ncclBroadcast);
+        let rc = f(
+            buf as *const c_void,
+            buf as *mut c_void,
+            count,
+            ty.raw(),
+            root as i32,
+            comm.0,
+            stream as b::cudaStream_t,
+        );
+        self.enqueued("ncclBroadcast", rc)
+    }
+}

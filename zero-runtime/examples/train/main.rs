@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use zero_comm::{DeviceGroup, HostGroup};
+use zero_comm::nccl::{LaunchEnv, NcclComm};
+use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_runtime::scaler::ScaleChange;
 use zero_runtime::{CommReport, CudaDevice, Engine, HostDevice, MemoryReport, Timings, ZeroConfig};
 
@@ -87,14 +88,31 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    if let (Ok(rank), Ok(world)) = (std::env::var("RANK"), std::env::var("WORLD_SIZE")) {
-        return Err(format!(
-            "torchrun environment found (RANK={rank}, WORLD_SIZE={world}): one rank per process needs the NCCL/TCP backend, which arrives with the CUDA-path issue. Run without torchrun and use --ranks N for N in-process ranks"
-        ));
-    }
+    // Under torchrun or the deepspeed launcher: one rank per process, over NCCL.
+    let launch = match std::env::var("RANK") {
+        Ok(_) => {
+            let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+            if args.device != DeviceArg::Cuda {
+                return Err(format!(
+                    "launched as rank {} of {}: one rank per process runs over NCCL, so pass --device cuda (CPU ranks run in one process with --ranks N)",
+                    env.rank, env.world_size
+                ));
+            }
+            Some(env)
+        }
+        Err(_) => None,
+    };
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
+    let world = launch.as_ref().map_or(args.ranks, |l| l.world_size);
+    let leader = launch.as_ref().is_none_or(|l| l.rank == 0);
+    // Only rank 0 of a launched job prints.
+    let say = |line: String| {
+        if leader {
+            println!("{line}");
+        }
+    };
     let (base, origin) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -116,12 +134,11 @@ fn run(args: &Args) -> Result<(), String> {
         hidden: args.hidden,
     };
     let entropy = source.entropy_rate();
-    println!(
-        "zero training example: char-level MLP LM ({} parameters), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {} ranks",
+    say(format!(
+        "zero training example: char-level MLP LM ({} parameters), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {world} ranks",
         fmt_count(shape.numel() as u64),
         source.vocab,
-        args.ranks
-    );
+    ));
     let stages: Vec<Option<u8>> = if args.compare_stages {
         (0..=3).map(Some).collect()
     } else {
@@ -131,18 +148,20 @@ fn run(args: &Args) -> Result<(), String> {
     for stage in stages {
         let (value, said) = overrides(base.clone(), args, stage, &origin);
         for line in said {
-            println!("  {line}");
+            say(format!("  {line}"));
         }
-        let cfg = ZeroConfig::from_json(&value, args.ranks).map_err(|e| format!("config: {e}"))?;
+        let cfg = ZeroConfig::from_json(&value, world).map_err(|e| format!("config: {e}"))?;
         for note in &cfg.notes {
-            println!("  note: {note}");
+            say(format!("  note: {note}"));
         }
-        let r = train(args, &cfg, &source, &shape)?;
-        report(&cfg, &r, entropy, args.ranks);
+        let r = train(args, &cfg, &source, &shape, world, launch.as_ref())?;
+        if leader {
+            report(&cfg, &r, entropy, world);
+        }
         results.push((cfg.zero.stage, r));
     }
-    if args.compare_stages {
-        compare(&results, entropy, args.ranks);
+    if args.compare_stages && leader {
+        compare(&results, entropy, world);
     }
     Ok(())
 }
@@ -227,13 +246,20 @@ fn train(
     cfg: &ZeroConfig,
     source: &lm::Source,
     shape: &lm::Shape,
+    world: usize,
+    launch: Option<&LaunchEnv>,
 ) -> Result<RankResult, String> {
-    let world = args.ranks;
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
     let text = source.sample(args.seed, args.steps * tokens_per_step + shape.context + 1);
     let held_out = source.sample(args.seed ^ 0xe7a1, 8192 + shape.context);
     let timeout = Duration::from_secs(300);
+    if let Some(env) = launch {
+        let comm = NcclComm::init(env, timeout).map_err(|e| format!("NCCL: {e}"))?;
+        return train_ranks(args, cfg, shape, &text, &held_out, vec![comm], || {
+            CudaDevice::new().map_err(|e| format!("--device cuda: {e}"))
+        });
+    }
     match args.device {
         DeviceArg::Cpu => {
             let comms = HostGroup::with_timeout(world, timeout).map_err(|e| e.to_string())?;
@@ -263,10 +289,10 @@ fn train_ranks<C, D>(
     device: impl Fn() -> Result<D, String> + Sync,
 ) -> Result<RankResult, String>
 where
-    C: zero_comm::Communicator,
+    C: Communicator,
     D: zero_runtime::Device<Buffer = C::Buffer>,
 {
-    let world = comms.len();
+    let world = comms.first().map_or(1, |c| c.world_size());
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
     let pb = ProgressBar::new(args.steps as u64);
@@ -282,7 +308,7 @@ where
             .map(|comm| {
                 let (pb, device) = (pb.clone(), &device);
                 s.spawn(move || -> Result<RankResult, String> {
-                    let rank = zero_comm::Communicator::rank(&comm);
+                    let rank = comm.rank();
                     let mut e: Engine<_, _> = Engine::new(cfg.clone(), shape.modules(), comm, device()?, |id, spec, v| shape.init(args.seed, id, spec, v))
                         .map_err(|e| e.to_string())?;
                     let t0 = Instant::now();

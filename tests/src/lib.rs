@@ -325,3 +325,35 @@ impl Reference {
         }
     }
 }
+
+/// The config the equivalence tests train the MLP with: micro-batch 2, AdamW (lr 0.01,
+/// weight decay 0.01), small buckets so every stage has several, and the given stage,
+/// precision (`fp32`, `fp16` with dynamic scaling from 2^8, `bf16`), accumulation,
+/// gradient clipping (0 disables it) and `overlap_comm`.
+pub fn mlp_config(stage: u8, precision: &str, accum: usize, clip: f32, overlap: bool) -> String {
+    let precision = match precision {
+        "fp16" => r#""fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8},"#,
+        "bf16" => r#""bf16": {"enabled": true},"#,
+        _ => "",
+    };
+    format!(
+        r#"{{
+            "train_micro_batch_size_per_gpu": {MICRO_BATCH},
+            "gradient_accumulation_steps": {accum},
+            "gradient_clipping": {clip},
+            {precision}
+            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
+            "zero_optimization": {{
+                "stage": {stage},
+                "overlap_comm": {overlap},
+                "reduce_bucket_size": 64,
+                "stage3_param_persistence_threshold": 4,
+                "stage3_prefetch_bucket_size": 100,
+                "stage3_max_reuse_distance": 0
+            }}
+        }}"#
+    )
+}
+
+/// The micro-batch per rank of [`mlp_config`].
+pub const MICRO_BATCH: usize = 2;

@@ -6,34 +6,15 @@
 //! - match a single-process Adam on the same global batch (tolerances below).
 
 use zero_runtime::ZeroConfig;
-use zero_tests::{dataset, full_params, run_ranks, seed, train_step, Reference};
+use zero_tests::{
+    dataset, full_params, mlp_config, run_ranks, seed, train_step, Reference, MICRO_BATCH,
+};
 
 const STEPS: usize = 20;
-const MICRO: usize = 2;
+const MICRO: usize = MICRO_BATCH;
 
 fn config(stage: u8, precision: &str, accum: usize, overlap: bool) -> String {
-    let precision = match precision {
-        "fp16" => r#""fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8},"#,
-        "bf16" => r#""bf16": {"enabled": true},"#,
-        _ => "",
-    };
-    format!(
-        r#"{{
-            "train_micro_batch_size_per_gpu": {MICRO},
-            "gradient_accumulation_steps": {accum},
-            "gradient_clipping": 0.5,
-            {precision}
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
-            "zero_optimization": {{
-                "stage": {stage},
-                "overlap_comm": {overlap},
-                "reduce_bucket_size": 64,
-                "stage3_param_persistence_threshold": 4,
-                "stage3_prefetch_bucket_size": 100,
-                "stage3_max_reuse_distance": 0
-            }}
-        }}"#
-    )
+    mlp_config(stage, precision, accum, 0.5, overlap)
 }
 
 type Params = Vec<Vec<Vec<f32>>>;

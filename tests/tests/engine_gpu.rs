@@ -16,10 +16,10 @@ use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_kernels::cuda::{Gpu, GpuError};
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
-use zero_tests::{dataset, full_params, run_ranks_on, seed, train_step};
+use zero_tests::{dataset, full_params, mlp_config, run_ranks_on, seed, train_step, MICRO_BATCH};
 
 const STEPS: usize = 8;
-const MICRO: usize = 2;
+const MICRO: usize = MICRO_BATCH;
 
 fn gpu(test: &str) -> bool {
     match Gpu::get() {
@@ -36,27 +36,7 @@ fn gpu(test: &str) -> bool {
 }
 
 fn config(stage: u8, precision: &str, accum: usize, clip: f32) -> String {
-    let precision = match precision {
-        "fp16" => r#""fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8},"#,
-        "bf16" => r#""bf16": {"enabled": true},"#,
-        _ => "",
-    };
-    format!(
-        r#"{{
-            "train_micro_batch_size_per_gpu": {MICRO},
-            "gradient_accumulation_steps": {accum},
-            "gradient_clipping": {clip},
-            {precision}
-            "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
-            "zero_optimization": {{
-                "stage": {stage},
-                "reduce_bucket_size": 64,
-                "stage3_param_persistence_threshold": 4,
-                "stage3_prefetch_bucket_size": 100,
-                "stage3_max_reuse_distance": 0
-            }}
-        }}"#
-    )
+    mlp_config(stage, precision, accum, clip, false)
 }
 
 type Params = Vec<Vec<Vec<f32>>>;

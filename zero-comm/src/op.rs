@@ -1,5 +1,6 @@
 //! Operation kinds, reduce ops, and how a buffer splits across ranks.
 
+use crate::CommBuffer;
 use std::fmt;
 use std::ops::Range;
 use zero_kernels::DType;
@@ -70,6 +71,90 @@ pub(crate) struct OpDesc {
     pub count: usize,
     pub reduce: Option<ReduceOp>,
     pub root: Option<usize>,
+}
+
+/// A collective's description and the checks one rank can make alone (an error there is
+/// reported before anything is issued), shared by every backend.
+pub(crate) type Issued = (OpDesc, Result<(), String>);
+
+impl OpDesc {
+    fn new(kind: OpKind, dtype: Option<DType>, count: usize) -> Self {
+        OpDesc {
+            kind,
+            dtype,
+            count,
+            reduce: None,
+            root: None,
+        }
+    }
+
+    pub(crate) fn all_reduce<B: CommBuffer>(buf: &B, op: ReduceOp) -> Issued {
+        let mut d = Self::new(OpKind::AllReduce, Some(buf.dtype()), buf.len());
+        d.reduce = Some(op);
+        (d, Ok(()))
+    }
+
+    pub(crate) fn reduce_scatter<B: CommBuffer>(
+        input: &B,
+        output: &B,
+        op: ReduceOp,
+        world: usize,
+        rank: usize,
+    ) -> Issued {
+        let n = input.len();
+        let check = same_dtype(input, output)
+            .and_then(|_| expect_len("output", even_split(n, world, rank).len(), output.len()));
+        let mut d = Self::new(OpKind::ReduceScatter, Some(input.dtype()), n);
+        d.reduce = Some(op);
+        (d, check)
+    }
+
+    pub(crate) fn all_gather<B: CommBuffer>(
+        input: &B,
+        output: &B,
+        world: usize,
+        rank: usize,
+    ) -> Issued {
+        let n = output.len();
+        let check = same_dtype(input, output)
+            .and_then(|_| expect_len("input", even_split(n, world, rank).len(), input.len()));
+        (Self::new(OpKind::AllGather, Some(output.dtype()), n), check)
+    }
+
+    pub(crate) fn broadcast<B: CommBuffer>(buf: &B, root: usize, world: usize) -> Issued {
+        let check = if root < world {
+            Ok(())
+        } else {
+            Err(format!("root {root} is not a rank of a group of {world}"))
+        };
+        let mut d = Self::new(OpKind::Broadcast, Some(buf.dtype()), buf.len());
+        d.root = Some(root);
+        (d, check)
+    }
+
+    pub(crate) fn barrier() -> Issued {
+        (Self::new(OpKind::Barrier, None, 0), Ok(()))
+    }
+}
+
+fn same_dtype<B: CommBuffer>(a: &B, b: &B) -> Result<(), String> {
+    if a.dtype() == b.dtype() {
+        Ok(())
+    } else {
+        Err(format!(
+            "input is {} but output is {}",
+            a.dtype(),
+            b.dtype()
+        ))
+    }
+}
+
+fn expect_len(what: &str, expected: usize, actual: usize) -> Result<(), String> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(format!("{what} has {actual} elements, expected {expected}"))
+    }
 }
 
 impl fmt::Display for OpDesc {

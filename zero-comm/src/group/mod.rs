@@ -10,7 +10,7 @@
 mod progress;
 
 use crate::buffer::CommBuffer;
-use crate::op::{even_split, OpDesc, OpKind};
+use crate::op::OpDesc;
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use progress::{Msg, Post};
@@ -201,14 +201,6 @@ fn two<B>(mut b: Vec<B>) -> (B, B) {
 }
 fn none<B>(_: Vec<B>) {}
 
-fn expect_len(what: &str, expected: usize, actual: usize) -> Result<(), String> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(format!("{what} has {actual} elements, expected {expected}"))
-    }
-}
-
 impl<B: CommBuffer> Communicator for GroupComm<B> {
     type Buffer = B;
     type Pending<T: Send + 'static> = GroupWork<B, T>;
@@ -222,14 +214,8 @@ impl<B: CommBuffer> Communicator for GroupComm<B> {
     }
 
     fn all_reduce(&self, buf: B, op: ReduceOp) -> Result<GroupWork<B, B>, CommError> {
-        let desc = OpDesc {
-            kind: OpKind::AllReduce,
-            dtype: Some(buf.dtype()),
-            count: buf.len(),
-            reduce: Some(op),
-            root: None,
-        };
-        self.issue(desc, vec![buf], Ok(()), one)
+        let (desc, check) = OpDesc::all_reduce(&buf, op);
+        self.issue(desc, vec![buf], check, one)
     }
 
     fn reduce_scatter(
@@ -238,71 +224,23 @@ impl<B: CommBuffer> Communicator for GroupComm<B> {
         output: B,
         op: ReduceOp,
     ) -> Result<GroupWork<B, (B, B)>, CommError> {
-        let n = input.len();
-        let check = same_dtype(&input, &output).and_then(|_| {
-            expect_len(
-                "output",
-                even_split(n, self.world, self.rank).len(),
-                output.len(),
-            )
-        });
-        let desc = OpDesc {
-            kind: OpKind::ReduceScatter,
-            dtype: Some(input.dtype()),
-            count: n,
-            reduce: Some(op),
-            root: None,
-        };
+        let (desc, check) = OpDesc::reduce_scatter(&input, &output, op, self.world, self.rank);
         self.issue(desc, vec![input, output], check, two)
     }
 
     fn all_gather(&self, input: B, output: B) -> Result<GroupWork<B, (B, B)>, CommError> {
-        let n = output.len();
-        let check = same_dtype(&input, &output).and_then(|_| {
-            expect_len(
-                "input",
-                even_split(n, self.world, self.rank).len(),
-                input.len(),
-            )
-        });
-        let desc = OpDesc {
-            kind: OpKind::AllGather,
-            dtype: Some(output.dtype()),
-            count: n,
-            reduce: None,
-            root: None,
-        };
+        let (desc, check) = OpDesc::all_gather(&input, &output, self.world, self.rank);
         self.issue(desc, vec![input, output], check, two)
     }
 
     fn broadcast(&self, buf: B, root: usize) -> Result<GroupWork<B, B>, CommError> {
-        let check = if root < self.world {
-            Ok(())
-        } else {
-            Err(format!(
-                "root {root} is not a rank of a group of {}",
-                self.world
-            ))
-        };
-        let desc = OpDesc {
-            kind: OpKind::Broadcast,
-            dtype: Some(buf.dtype()),
-            count: buf.len(),
-            reduce: None,
-            root: Some(root),
-        };
+        let (desc, check) = OpDesc::broadcast(&buf, root, self.world);
         self.issue(desc, vec![buf], check, one)
     }
 
     fn barrier(&self) -> Result<GroupWork<B, ()>, CommError> {
-        let desc = OpDesc {
-            kind: OpKind::Barrier,
-            dtype: None,
-            count: 0,
-            reduce: None,
-            root: None,
-        };
-        self.issue(desc, Vec::new(), Ok(()), none)
+        let (desc, check) = OpDesc::barrier();
+        self.issue(desc, Vec::new(), check, none)
     }
 
     fn stats(&self) -> CommStats {
@@ -311,18 +249,6 @@ impl<B: CommBuffer> Communicator for GroupComm<B> {
 
     fn reset_stats(&self) {
         self.stats.set(CommStats::default());
-    }
-}
-
-fn same_dtype<B: CommBuffer>(a: &B, b: &B) -> Result<(), String> {
-    if a.dtype() == b.dtype() {
-        Ok(())
-    } else {
-        Err(format!(
-            "input is {} but output is {}",
-            a.dtype(),
-            b.dtype()
-        ))
     }
 }
 

@@ -14,7 +14,7 @@
 //! NCCL's (its summation order, its `Max`), not bit-identical to the host group's.
 
 use super::bootstrap::{rendezvous, LaunchEnv};
-use crate::op::{even_split, OpDesc, OpKind};
+use crate::op::{even_split, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -309,26 +309,6 @@ fn raw_stream(st: &GpuStream) -> *mut std::os::raw::c_void {
     st.cuda().cu_stream() as *mut std::os::raw::c_void
 }
 
-fn same_dtype(a: &GpuBuffer, b: &GpuBuffer) -> Result<(), String> {
-    if a.dtype() == b.dtype() {
-        Ok(())
-    } else {
-        Err(format!(
-            "input is {} but output is {}",
-            a.dtype(),
-            b.dtype()
-        ))
-    }
-}
-
-fn expect_len(what: &str, expected: usize, actual: usize) -> Result<(), String> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(format!("{what} has {actual} elements, expected {expected}"))
-    }
-}
-
 impl Communicator for NcclComm {
     type Buffer = GpuBuffer;
     type Pending<T: Send + 'static> = NcclWork<T>;
@@ -346,14 +326,8 @@ impl Communicator for NcclComm {
         mut buf: GpuBuffer,
         op: ReduceOp,
     ) -> Result<NcclWork<GpuBuffer>, CommError> {
-        let desc = OpDesc {
-            kind: OpKind::AllReduce,
-            dtype: Some(buf.dtype()),
-            count: buf.len(),
-            reduce: Some(op),
-            root: None,
-        };
-        self.issue(desc, Ok(()), move |nccl, comm, st| {
+        let (desc, check) = OpDesc::all_reduce(&buf, op);
+        self.issue(desc, check, move |nccl, comm, st| {
             let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
             if n > 0 {
                 let (addr, guard) = buf.write_addr(st.cuda());
@@ -375,15 +349,7 @@ impl Communicator for NcclComm {
         op: ReduceOp,
     ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
         let (n, world, rank) = (input.len(), self.world, self.shared.rank);
-        let check = same_dtype(&input, &output)
-            .and_then(|_| expect_len("output", even_split(n, world, rank).len(), output.len()));
-        let desc = OpDesc {
-            kind: OpKind::ReduceScatter,
-            dtype: Some(input.dtype()),
-            count: n,
-            reduce: Some(op),
-            root: None,
-        };
+        let (desc, check) = OpDesc::reduce_scatter(&input, &output, op, world, rank);
         self.issue(desc, check, move |nccl, comm, st| {
             let q = n.div_ceil(world);
             let ty = nccl_type(input.dtype());
@@ -433,15 +399,7 @@ impl Communicator for NcclComm {
         mut output: GpuBuffer,
     ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
         let (n, world, rank) = (output.len(), self.world, self.shared.rank);
-        let check = same_dtype(&input, &output)
-            .and_then(|_| expect_len("input", even_split(n, world, rank).len(), input.len()));
-        let desc = OpDesc {
-            kind: OpKind::AllGather,
-            dtype: Some(output.dtype()),
-            count: n,
-            reduce: None,
-            root: None,
-        };
+        let (desc, check) = OpDesc::all_gather(&input, &output, world, rank);
         self.issue(desc, check, move |nccl, comm, st| {
             let q = n.div_ceil(world);
             let ty = nccl_type(output.dtype());
@@ -484,21 +442,7 @@ impl Communicator for NcclComm {
     }
 
     fn broadcast(&self, mut buf: GpuBuffer, root: usize) -> Result<NcclWork<GpuBuffer>, CommError> {
-        let check = if root < self.world {
-            Ok(())
-        } else {
-            Err(format!(
-                "root {root} is not a rank of a group of {}",
-                self.world
-            ))
-        };
-        let desc = OpDesc {
-            kind: OpKind::Broadcast,
-            dtype: Some(buf.dtype()),
-            count: buf.len(),
-            reduce: None,
-            root: Some(root),
-        };
+        let (desc, check) = OpDesc::broadcast(&buf, root, self.world);
         self.issue(desc, check, move |nccl, comm, st| {
             let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
             if n > 0 {
@@ -514,15 +458,9 @@ impl Communicator for NcclComm {
     }
 
     fn barrier(&self) -> Result<NcclWork<()>, CommError> {
-        let desc = OpDesc {
-            kind: OpKind::Barrier,
-            dtype: None,
-            count: 0,
-            reduce: None,
-            root: None,
-        };
+        let (desc, check) = OpDesc::barrier();
         // An all-reduce of one element: it completes only once every rank issued it.
-        self.issue(desc, Ok(()), |nccl, comm, st| {
+        self.issue(desc, check, |nccl, comm, st| {
             let mut one = st.zeros(DType::F32, 1).map_err(|e| e.to_string())?;
             {
                 let (addr, guard) = one.write_addr(st.cuda());

@@ -14,26 +14,12 @@
 use std::time::Duration;
 use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
-use zero_kernels::cuda::{Gpu, GpuError};
+use zero_kernels::testing::gpu_or_skip;
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
 use zero_tests::{dataset, full_params, mlp_config, run_ranks_on, seed, train_step, MICRO_BATCH};
 
 const STEPS: usize = 8;
 const MICRO: usize = MICRO_BATCH;
-
-fn gpu(test: &str) -> bool {
-    match Gpu::get() {
-        Ok(g) => {
-            println!("{test}: on {} ({})", g.name(), g.arch);
-            true
-        }
-        Err(GpuError::NoDriver(e)) => {
-            println!("SKIPPED {test}: no GPU on this machine ({e})");
-            false
-        }
-        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
-    }
-}
 
 fn config(stage: u8, precision: &str, accum: usize, clip: f32) -> String {
     mlp_config(stage, precision, accum, clip, false)
@@ -76,7 +62,7 @@ fn bits(p: &Params) -> Vec<u32> {
 
 #[test]
 fn gpu_engine_gives_the_host_engines_bits_without_clipping() {
-    if !gpu("GPU engine, no clipping") {
+    if gpu_or_skip("GPU engine, no clipping").is_none() {
         return;
     }
     let seed = seed("engine_gpu bits");
@@ -102,7 +88,7 @@ fn gpu_engine_gives_the_host_engines_bits_without_clipping() {
 
 #[test]
 fn gpu_engine_with_clipping_stays_within_the_host_bounds() {
-    if !gpu("GPU engine, clipping") {
+    if gpu_or_skip("GPU engine, clipping").is_none() {
         return;
     }
     let seed = seed("engine_gpu clipping");
@@ -136,7 +122,7 @@ fn gpu_engine_with_clipping_stays_within_the_host_bounds() {
 
 #[test]
 fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
-    if !gpu("NCCL engine") {
+    if gpu_or_skip("NCCL engine").is_none() {
         return;
     }
     if let Err(e) = zero_sys::nccl::Nccl::get() {

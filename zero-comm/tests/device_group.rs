@@ -10,19 +10,9 @@ use rand_chacha::ChaCha8Rng;
 use zero_comm::{
     even_split, Communicator, Completion, DeviceGroup, HostBuffer, HostGroup, ReduceOp,
 };
-use zero_kernels::cuda::{Gpu, GpuError};
+use zero_kernels::cuda::Gpu;
+use zero_kernels::testing::gpu_or_skip;
 use zero_kernels::{with_gpu_type, DType, Element};
-
-fn gpu(test: &str) -> Option<&'static Gpu> {
-    match Gpu::get() {
-        Ok(g) => Some(g),
-        Err(GpuError::NoDriver(e)) => {
-            println!("SKIPPED {test}: no GPU on this machine ({e})");
-            None
-        }
-        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -104,7 +94,7 @@ fn on_device(
 
 #[test]
 fn one_device_collectives_give_the_host_groups_bits() {
-    let Some(g) = gpu("one-device collectives") else {
+    let Some(g) = gpu_or_skip("one-device collectives") else {
         return;
     };
     let seed = zero_kernels::testing::fresh_seed("one-device collectives");

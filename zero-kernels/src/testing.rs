@@ -15,3 +15,19 @@ pub fn fresh_seed(test: &str) -> u64 {
     println!("{test}: seed = {seed} (replay with ZERO_TEST_SEED={seed})");
     seed
 }
+
+/// The process's GPU for a GPU test, or `None` after printing a visible skip where this
+/// machine has no CUDA driver. A driver that is present but fails is a test failure.
+pub fn gpu_or_skip(test: &str) -> Option<&'static crate::cuda::Gpu> {
+    match crate::cuda::Gpu::get() {
+        Ok(g) => {
+            println!("{test}: on {} ({})", g.name(), g.arch);
+            Some(g)
+        }
+        Err(crate::cuda::GpuError::NoDriver(e)) => {
+            println!("SKIPPED {test}: no GPU on this machine ({e})");
+            None
+        }
+        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
+    }
+}

@@ -8,21 +8,11 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use zero_kernels::cuda::{AdamViews, Combine, Gpu, GpuElement, GpuError};
+use zero_kernels::cuda::{AdamViews, Combine, Gpu, GpuElement};
+use zero_kernels::testing::gpu_or_skip;
 use zero_kernels::{
     adam_step, cast, flatten, grad_stats, unflatten, AdamConfig, Element, FlatLayout,
 };
-
-fn gpu(test: &str) -> Option<&'static Gpu> {
-    match Gpu::get() {
-        Ok(g) => Some(g),
-        Err(GpuError::NoDriver(e)) => {
-            println!("SKIPPED {test}: no GPU on this machine ({e})");
-            None
-        }
-        Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
-    }
-}
 
 fn cast_case<S: GpuElement, D: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
     for n in LENGTHS {
@@ -42,7 +32,9 @@ fn cast_case<S: GpuElement, D: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng
 
 #[test]
 fn casts_match_the_cpu() {
-    let Some(g) = gpu("casts") else { return };
+    let Some(g) = gpu_or_skip("casts") else {
+        return;
+    };
     let mut rng = seeded("gpu casts");
     cast_case::<f32, bf16>(g, &mut rng);
     cast_case::<f32, f16>(g, &mut rng);
@@ -108,7 +100,7 @@ fn adam_case<G: GpuElement, P: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng
 
 #[test]
 fn adam_matches_the_cpu_bit_for_bit() {
-    let Some(g) = gpu("adam") else { return };
+    let Some(g) = gpu_or_skip("adam") else { return };
     let mut rng = seeded("gpu adam");
     adam_case::<bf16, bf16>(g, &mut rng, true);
     adam_case::<f16, f16>(g, &mut rng, true);
@@ -118,7 +110,9 @@ fn adam_matches_the_cpu_bit_for_bit() {
 
 #[test]
 fn stats_match_the_cpu() {
-    let Some(g) = gpu("stats") else { return };
+    let Some(g) = gpu_or_skip("stats") else {
+        return;
+    };
     let mut rng = seeded("gpu stats");
     for n in LENGTHS {
         let mut x: Vec<bf16> = random_vec(&mut rng, n, -3.0, 3.0);
@@ -142,7 +136,9 @@ fn stats_match_the_cpu() {
 
 #[test]
 fn flatten_matches_the_cpu() {
-    let Some(g) = gpu("flatten") else { return };
+    let Some(g) = gpu_or_skip("flatten") else {
+        return;
+    };
     let mut rng = seeded("gpu flatten");
     let mut sizes = LENGTHS.to_vec();
     sizes.extend((0..2000).map(|_| rng.gen_range(0..300)));
@@ -167,7 +163,9 @@ fn flatten_matches_the_cpu() {
 
 #[test]
 fn unflatten_matches_the_cpu() {
-    let Some(g) = gpu("unflatten") else { return };
+    let Some(g) = gpu_or_skip("unflatten") else {
+        return;
+    };
     let mut rng = seeded("gpu unflatten");
     let mut sizes = LENGTHS.to_vec();
     sizes.extend((0..2000).map(|_| rng.gen_range(0..300)));
@@ -246,7 +244,9 @@ fn reduce_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
 
 #[test]
 fn reductions_match_the_host_collectives_bit_for_bit() {
-    let Some(g) = gpu("reduce") else { return };
+    let Some(g) = gpu_or_skip("reduce") else {
+        return;
+    };
     let mut rng = seeded("gpu reduce");
     reduce_case::<f32>(g, &mut rng);
     reduce_case::<f16>(g, &mut rng);
@@ -255,7 +255,9 @@ fn reductions_match_the_host_collectives_bit_for_bit() {
 
 #[test]
 fn accumulate_matches_the_cpu() {
-    let Some(g) = gpu("accumulate") else { return };
+    let Some(g) = gpu_or_skip("accumulate") else {
+        return;
+    };
     let mut rng = seeded("gpu accumulate");
     let st = g.default_stream();
     for n in LENGTHS {
@@ -272,7 +274,7 @@ fn accumulate_matches_the_cpu() {
 
 #[test]
 fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
-    let Some(g) = gpu("adam found_inf") else {
+    let Some(g) = gpu_or_skip("adam found_inf") else {
         return;
     };
     let mut rng = seeded("gpu adam found_inf");

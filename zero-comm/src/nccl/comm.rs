@@ -4,10 +4,15 @@
 //! waits for the last write to each buffer (on the compute stream, through `cudarc`'s
 //! per-buffer events), and later kernels on any stream wait for the collective's writes:
 //! compute and communication order themselves with events, never a device-wide sync.
-//! The communicator is created non-blocking; [`Completion::wait`] polls the work's event
-//! and `ncclCommGetAsyncError` until done, and on an NCCL error or after the timeout it
-//! aborts the communicator, so every rank returns an error instead of hanging. Once
-//! aborted, every later collective fails at once.
+//!
+//! The communicator is non-blocking and driven by zero-sys' [`PolledComm`]: every NCCL
+//! call returns only once NCCL has put its kernel on the stream (it polls
+//! `ncclCommGetAsyncError` out of `ncclInProgress`, within the timeout). Only then are the
+//! buffers' events recorded, the staging copies of uneven splits queued and the work's
+//! completion event recorded, so none of them can run ahead of NCCL's kernel.
+//! [`Completion::wait`] polls that event and the communicator's health; on an NCCL error
+//! or after the timeout it aborts the communicator, so every rank returns an error
+//! instead of hanging, and every later collective fails at once.
 //!
 //! NCCL needs pieces of equal length: where a reduce-scatter or all-gather length does not
 //! divide by the world size, the pieces are staged through padded buffers. Results are
@@ -22,12 +27,11 @@ use std::time::{Duration, Instant};
 use zero_kernels::cuda::{Gpu, GpuBuffer, GpuError, GpuStream};
 use zero_kernels::DType;
 use zero_sys::cudarc::driver::CudaEvent;
-use zero_sys::nccl::{CommState, Nccl, NcclError, NcclOp, NcclType, RawComm};
+use zero_sys::nccl::{Nccl, NcclError, NcclOp, NcclType, PolledComm};
 
 /// State shared by the communicator and its pending work.
 struct Shared {
-    nccl: &'static Nccl,
-    comm: Mutex<Option<RawComm>>,
+    comm: Mutex<PolledComm>,
     /// Set once the communicator failed; every later collective returns it.
     broken: Mutex<Option<CommError>>,
     rank: usize,
@@ -39,27 +43,26 @@ impl Shared {
         self.broken.lock().ok().and_then(|b| b.clone())
     }
 
-    /// Aborts the communicator (once) and records why.
+    /// Records `err` as the reason (unless one is recorded) and aborts the communicator.
     fn abort(&self, err: CommError) -> CommError {
         if let Ok(mut b) = self.broken.lock() {
             if b.is_none() {
                 *b = Some(err.clone());
             }
         }
-        if let Some(comm) = self.comm.lock().ok().and_then(|mut c| c.take()) {
-            let _ = self.nccl.abort(comm);
+        if let Ok(mut c) = self.comm.lock() {
+            c.abort(NcclError::Aborted(err.to_string()));
         }
         err
     }
 
-    fn state(&self) -> Result<CommState, NcclError> {
-        match self.comm.lock().ok().as_deref() {
-            Some(Some(c)) => self.nccl.comm_state(c),
-            _ => Ok(CommState::Failed(NcclError::Call {
-                call: "ncclCommGetAsyncError",
-                code: 0,
-                message: "the communicator was aborted".into(),
-            })),
+    /// One poll of the communicator's health (aborting it on an asynchronous error).
+    fn check_health(&self) -> Result<(), NcclError> {
+        match self.comm.lock() {
+            Ok(mut c) => c.check_health(),
+            Err(_) => Err(NcclError::Aborted(
+                "a thread panicked holding the communicator".into(),
+            )),
         }
     }
 }
@@ -119,11 +122,8 @@ impl<T> Completion for NcclWork<T> {
                     return Err(sh.abort(backend(self.seq, &self.op, format!("{e:?}"))));
                 }
             }
-            match sh.state() {
-                Ok(CommState::Failed(e)) | Err(e) => {
-                    return Err(sh.abort(backend(self.seq, &self.op, e.to_string())));
-                }
-                Ok(_) => {}
+            if let Err(e) = sh.check_health() {
+                return Err(sh.abort(backend(self.seq, &self.op, e.to_string())));
             }
             if self.issued.elapsed() > sh.timeout {
                 return Err(sh.abort(CommError::Timeout {
@@ -170,16 +170,28 @@ fn nccl_op(op: ReduceOp) -> NcclOp {
 impl NcclComm {
     /// Joins the job the launcher started (see [`LaunchEnv`]): rank 0 makes the unique
     /// id, the TCP rendezvous hands it out, and every rank initializes non-blocking on its
-    /// GPU (`LOCAL_RANK`). Every step gives up after `timeout` with an error.
+    /// GPU (the one visible GPU, else its local rank). Every step gives up after `timeout`
+    /// with an error.
     pub fn from_env(timeout: Duration) -> Result<Self, CommError> {
         let env = LaunchEnv::from_env().map_err(|e| init_error(e.to_string()))?;
         Self::init(&env, timeout)
     }
 
-    /// [`from_env`](Self::from_env) with an explicit environment.
+    /// [`from_env`](Self::from_env) with an explicit environment: the GPU is chosen from
+    /// `env.local_rank` (see [`Gpu::open`]), not from the process environment.
     pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<Self, CommError> {
         let nccl = Nccl::get().map_err(|e| init_error(e.to_string()))?;
-        let gpu = Gpu::get().map_err(gpu_init)?;
+        if let Ok(v) = nccl.version() {
+            eprintln!(
+                "rank {}: NCCL {}.{}.{} from {}",
+                env.rank,
+                v.major,
+                v.minor,
+                v.patch,
+                nccl.opened_as()
+            );
+        }
+        let gpu = Gpu::open(Some(env.local_rank)).map_err(gpu_init)?;
         let stream = gpu.new_stream().map_err(gpu_init)?;
         let id = if env.rank == 0 {
             Some(nccl.unique_id().map_err(|e| init_error(e.to_string()))?)
@@ -187,38 +199,17 @@ impl NcclComm {
             None
         };
         let id = rendezvous(env, id, timeout).map_err(|e| init_error(e.to_string()))?;
-        let deadline = Instant::now() + timeout;
         // NCCL uses the calling thread's current device.
         stream
             .cuda()
             .context()
             .bind_to_thread()
             .map_err(|e| init_error(format!("{e:?}")))?;
-        let comm = nccl
-            .init_rank_nonblocking(env.world_size, &id, env.rank)
+        let comm = PolledComm::init(nccl, env.world_size, &id, env.rank, timeout)
             .map_err(|e| init_error(e.to_string()))?;
-        loop {
-            match nccl.comm_state(&comm) {
-                Ok(CommState::Ready) => break,
-                Ok(CommState::InProgress) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Ok(CommState::InProgress) => {
-                    let _ = nccl.abort(comm);
-                    return Err(init_error(format!(
-                        "ncclCommInitRankConfig did not finish within {timeout:?}"
-                    )));
-                }
-                Ok(CommState::Failed(e)) | Err(e) => {
-                    let _ = nccl.abort(comm);
-                    return Err(init_error(e.to_string()));
-                }
-            }
-        }
         Ok(NcclComm {
             shared: Arc::new(Shared {
-                nccl,
-                comm: Mutex::new(Some(comm)),
+                comm: Mutex::new(comm),
                 broken: Mutex::new(None),
                 rank: env.rank,
                 timeout,
@@ -235,13 +226,14 @@ impl NcclComm {
         &self.stream
     }
 
-    /// Queues `launch` (NCCL calls and staging copies on the comm stream) and returns the
-    /// work; `local_check` failing is an error before anything is queued.
+    /// Queues `launch` (NCCL calls, each settled before it returns, and staging copies on
+    /// the comm stream) and returns the work; `local_check` failing is an error before
+    /// anything is queued.
     fn issue<T>(
         &self,
         desc: OpDesc,
         local_check: Result<(), String>,
-        launch: impl FnOnce(&Nccl, &RawComm, &GpuStream) -> Result<(T, Vec<GpuBuffer>), String>,
+        launch: impl FnOnce(&mut PolledComm, &GpuStream) -> Result<(T, Vec<GpuBuffer>), String>,
     ) -> Result<NcclWork<T>, CommError> {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
@@ -267,17 +259,12 @@ impl NcclComm {
         );
         self.stats.set(stats);
         let queued = {
-            let guard = self
+            let mut comm = self
                 .shared
                 .comm
                 .lock()
                 .map_err(|_| CommError::Disconnected)?;
-            let comm = guard.as_ref().ok_or_else(|| {
-                self.shared
-                    .failure()
-                    .unwrap_or_else(|| backend(seq, &op, "communicator aborted".into()))
-            })?;
-            launch(self.shared.nccl, comm, &self.stream)
+            launch(&mut comm, &self.stream)
         };
         let (output, staging) = queued.map_err(|r| self.shared.abort(backend(seq, &op, r)))?;
         let event = self
@@ -327,14 +314,14 @@ impl Communicator for NcclComm {
         op: ReduceOp,
     ) -> Result<NcclWork<GpuBuffer>, CommError> {
         let (desc, check) = OpDesc::all_reduce(&buf, op);
-        self.issue(desc, check, move |nccl, comm, st| {
+        self.issue(desc, check, move |comm, st| {
             let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
             if n > 0 {
                 let (addr, guard) = buf.write_addr(st.cuda());
                 // SAFETY: addr is the live allocation of buf (n elements of ty), kept
                 // alive in the returned work until the event completes; the stream is
                 // the comm stream of the communicator's device.
-                unsafe { nccl.all_reduce(comm, addr, addr, n, ty, nccl_op(op), raw_stream(st)) }
+                unsafe { comm.all_reduce(addr, addr, n, ty, nccl_op(op), raw_stream(st)) }
                     .map_err(|e| e.to_string())?;
                 drop(guard);
             }
@@ -350,7 +337,7 @@ impl Communicator for NcclComm {
     ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
         let (n, world, rank) = (input.len(), self.world, self.shared.rank);
         let (desc, check) = OpDesc::reduce_scatter(&input, &output, op, world, rank);
-        self.issue(desc, check, move |nccl, comm, st| {
+        self.issue(desc, check, move |comm, st| {
             let q = n.div_ceil(world);
             let ty = nccl_type(input.dtype());
             if q == 0 {
@@ -363,7 +350,7 @@ impl Communicator for NcclComm {
                 let (dst, g2) = output.write_addr(st.cuda());
                 // SAFETY: src holds q·world elements, dst q, both alive in the returned
                 // work until its event completes; comm stream of this device.
-                unsafe { nccl.reduce_scatter(comm, src, dst, q, ty, nccl_op(op), raw_stream(st)) }
+                unsafe { comm.reduce_scatter(src, dst, q, ty, nccl_op(op), raw_stream(st)) }
                     .map_err(|e| e.to_string())?;
                 drop((g1, g2));
             } else {
@@ -379,10 +366,8 @@ impl Communicator for NcclComm {
                     let (dst, g2) = mine.write_addr(st.cuda());
                     // SAFETY: padded holds q·world elements and mine q, both kept in the
                     // work's staging until its event completes.
-                    unsafe {
-                        nccl.reduce_scatter(comm, src, dst, q, ty, nccl_op(op), raw_stream(st))
-                    }
-                    .map_err(|e| e.to_string())?;
+                    unsafe { comm.reduce_scatter(src, dst, q, ty, nccl_op(op), raw_stream(st)) }
+                        .map_err(|e| e.to_string())?;
                     drop((g1, g2));
                 }
                 let len = output.len();
@@ -400,7 +385,7 @@ impl Communicator for NcclComm {
     ) -> Result<NcclWork<(GpuBuffer, GpuBuffer)>, CommError> {
         let (n, world, rank) = (output.len(), self.world, self.shared.rank);
         let (desc, check) = OpDesc::all_gather(&input, &output, world, rank);
-        self.issue(desc, check, move |nccl, comm, st| {
+        self.issue(desc, check, move |comm, st| {
             let q = n.div_ceil(world);
             let ty = nccl_type(output.dtype());
             if q == 0 {
@@ -413,7 +398,7 @@ impl Communicator for NcclComm {
                 let (dst, g2) = output.write_addr(st.cuda());
                 // SAFETY: src holds q elements, dst q·world, both alive in the returned
                 // work until its event completes; comm stream of this device.
-                unsafe { nccl.all_gather(comm, src, dst, q, ty, raw_stream(st)) }
+                unsafe { comm.all_gather(src, dst, q, ty, raw_stream(st)) }
                     .map_err(|e| e.to_string())?;
                 drop((g1, g2));
             } else {
@@ -425,7 +410,7 @@ impl Communicator for NcclComm {
                     let (dst, g2) = padded.write_addr(st.cuda());
                     // SAFETY: mine holds q elements and padded q·world, both kept in the
                     // work's staging until its event completes.
-                    unsafe { nccl.all_gather(comm, src, dst, q, ty, raw_stream(st)) }
+                    unsafe { comm.all_gather(src, dst, q, ty, raw_stream(st)) }
                         .map_err(|e| e.to_string())?;
                     drop((g1, g2));
                 }
@@ -443,13 +428,13 @@ impl Communicator for NcclComm {
 
     fn broadcast(&self, mut buf: GpuBuffer, root: usize) -> Result<NcclWork<GpuBuffer>, CommError> {
         let (desc, check) = OpDesc::broadcast(&buf, root, self.world);
-        self.issue(desc, check, move |nccl, comm, st| {
+        self.issue(desc, check, move |comm, st| {
             let (n, ty) = (buf.len(), nccl_type(buf.dtype()));
             if n > 0 {
                 let (addr, guard) = buf.write_addr(st.cuda());
                 // SAFETY: addr is buf's live allocation of n elements, kept in the work
                 // until its event completes; comm stream of this device.
-                unsafe { nccl.broadcast(comm, addr, n, ty, root, raw_stream(st)) }
+                unsafe { comm.broadcast(addr, n, ty, root, raw_stream(st)) }
                     .map_err(|e| e.to_string())?;
                 drop(guard);
             }
@@ -460,22 +445,14 @@ impl Communicator for NcclComm {
     fn barrier(&self) -> Result<NcclWork<()>, CommError> {
         let (desc, check) = OpDesc::barrier();
         // An all-reduce of one element: it completes only once every rank issued it.
-        self.issue(desc, check, |nccl, comm, st| {
+        self.issue(desc, check, |comm, st| {
             let mut one = st.zeros(DType::F32, 1).map_err(|e| e.to_string())?;
             {
                 let (addr, guard) = one.write_addr(st.cuda());
                 // SAFETY: one element, kept in the work's staging until its event
                 // completes; comm stream of this device.
                 unsafe {
-                    nccl.all_reduce(
-                        comm,
-                        addr,
-                        addr,
-                        1,
-                        NcclType::F32,
-                        NcclOp::Sum,
-                        raw_stream(st),
-                    )
+                    comm.all_reduce(addr, addr, 1, NcclType::F32, NcclOp::Sum, raw_stream(st))
                 }
                 .map_err(|e| e.to_string())?;
                 drop(guard);
@@ -495,10 +472,8 @@ impl Communicator for NcclComm {
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        // Let queued work finish, then free the communicator; a failed one was aborted.
+        // Let queued work finish. The communicator is finalized and destroyed (or, if that
+        // fails, aborted) when the last pending work holding it is gone too.
         let _ = self.stream.synchronize();
-        if let Some(comm) = self.shared.comm.lock().ok().and_then(|mut c| c.take()) {
-            let _ = self.shared.nccl.destroy(comm);
-        }
     }
 }

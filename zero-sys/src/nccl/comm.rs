@@ -1,7 +1,10 @@
 //! The checked layer over NCCL's communicator calls: each checks its symbol and return
 //! code and turns them into [`NcclError`]s. Communicators are created non-blocking, so
-//! a caller can poll [`Nccl::comm_state`] with a deadline and [`Nccl::abort`] instead of
-//! hanging on a dead peer. The collectives take raw device pointers and stay `unsafe`.
+//! no call can hang on a dead peer; the price is that a call may answer `ncclInProgress`
+//! and must then be polled to completion before anything else touches the communicator.
+//! These calls do not poll: they are crate-private, and [`PolledComm`](super::PolledComm)
+//! is the one public way to drive a communicator. The collectives take raw device
+//! pointers and stay `unsafe`.
 
 use super::bindings::{self as b, ncclComm_t};
 use super::{Nccl, NcclError};
@@ -10,7 +13,7 @@ use std::os::raw::c_void;
 /// Bytes of a unique id.
 pub const UNIQUE_ID_BYTES: usize = b::NCCL_UNIQUE_ID_BYTES as usize;
 
-/// An NCCL communicator handle. Owned: [`Nccl::abort`] or [`Nccl::destroy`] consumes it.
+/// An NCCL communicator handle. Owned: abort or destroy consumes it.
 #[derive(Debug)]
 pub struct RawComm(ncclComm_t);
 
@@ -97,7 +100,7 @@ impl Nccl {
     /// Starts joining a communicator of `world` ranks as `rank`, non-blocking: poll
     /// [`comm_state`](Self::comm_state) until it is ready. The calling thread's current
     /// CUDA device is the one the communicator uses.
-    pub fn init_rank_nonblocking(
+    pub(crate) fn init_rank_nonblocking(
         &self,
         world: usize,
         id: &[u8; UNIQUE_ID_BYTES],
@@ -146,7 +149,7 @@ impl Nccl {
     }
 
     /// Polls `comm` (`ncclCommGetAsyncError`).
-    pub fn comm_state(&self, comm: &RawComm) -> Result<CommState, NcclError> {
+    pub(crate) fn comm_state(&self, comm: &RawComm) -> Result<CommState, NcclError> {
         let f = sym!(self, ncclCommGetAsyncError);
         let mut state: b::ncclResult_t = b::ncclResult_t_ncclSuccess;
         // SAFETY: comm is a live handle; one ncclResult_t is written to a live local.
@@ -163,21 +166,33 @@ impl Nccl {
     }
 
     /// Aborts `comm`: pending work is dropped and the handle freed; never blocks on peers.
-    pub fn abort(&self, comm: RawComm) -> Result<(), NcclError> {
+    pub(crate) fn abort(&self, comm: RawComm) -> Result<(), NcclError> {
         let f = sym!(self, ncclCommAbort);
         // SAFETY: comm is a live handle, consumed here.
         self.check("ncclCommAbort", unsafe { f(comm.0) })
     }
 
-    /// Destroys a healthy `comm` after its work finished.
-    pub fn destroy(&self, comm: RawComm) -> Result<(), NcclError> {
+    /// Starts finalizing a ready `comm` (`ncclCommFinalize`, NCCL 2.14+): poll it until it
+    /// is ready again, then destroy it. `Ok(false)` where this NCCL has no finalize.
+    pub(crate) fn finalize(&self, comm: &RawComm) -> Result<bool, NcclError> {
+        let Ok(f) = self.raw().ncclCommFinalize.as_ref() else {
+            return Ok(false);
+        };
+        // SAFETY: comm is a live handle whose previous call completed.
+        self.enqueued("ncclCommFinalize", unsafe { f(comm.0) })?;
+        Ok(true)
+    }
+
+    /// Frees a `comm` whose work (and finalize) completed.
+    pub(crate) fn destroy(&self, comm: RawComm) -> Result<(), NcclError> {
         let f = sym!(self, ncclCommDestroy);
         // SAFETY: comm is a live handle, consumed here.
         self.check("ncclCommDestroy", unsafe { f(comm.0) })
     }
 
+    /// A call's return code: `ncclInProgress` is not an error, but the caller must poll
+    /// [`comm_state`](Self::comm_state) until the call completed.
     fn enqueued(&self, call: &'static str, rc: b::ncclResult_t) -> Result<(), NcclError> {
-        // A non-blocking communicator may answer "in progress": the caller polls.
         if rc == b::ncclResult_t_ncclInProgress {
             Ok(())
         } else {
@@ -185,14 +200,14 @@ impl Nccl {
         }
     }
 
-    /// `ncclAllReduce` of `count` elements on `stream`.
+    /// `ncclAllReduce` of `count` elements on `stream`; poll before the next call.
     ///
     /// # Safety
     /// `send` and `recv` are device addresses of `count` elements of `ty` (they may be
     /// equal), valid until the work on `stream` completes; `stream` is a live CUDA stream
     /// of the communicator's device.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_reduce(
+    pub(crate) unsafe fn all_reduce(
         &self,
         comm: &RawComm,
         send: u64,
@@ -221,7 +236,7 @@ impl Nccl {
     /// As [`all_reduce`](Self::all_reduce), with `send` of `recv_count × world` elements
     /// and `recv` of `recv_count`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_scatter(
+    pub(crate) unsafe fn reduce_scatter(
         &self,
         comm: &RawComm,
         send: u64,
@@ -249,7 +264,7 @@ impl Nccl {
     /// # Safety
     /// As [`all_reduce`](Self::all_reduce), with `send` of `send_count` elements and
     /// `recv` of `send_count × world`.
-    pub unsafe fn all_gather(
+    pub(crate) unsafe fn all_gather(
         &self,
         comm: &RawComm,
         send: u64,
@@ -274,7 +289,7 @@ impl Nccl {
     ///
     /// # Safety
     /// As [`all_reduce`](Self::all_reduce), with `buf` of `count` elements.
-    pub unsafe fn broadcast(
+    pub(crate) unsafe fn broadcast(
         &self,
         comm: &RawComm,
         buf: u64,

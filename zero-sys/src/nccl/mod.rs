@@ -11,8 +11,10 @@
 #[allow(missing_docs, unsafe_op_in_unsafe_fn)]
 pub mod bindings;
 mod comm;
+mod polled;
 
-pub use comm::{CommState, NcclOp, NcclType, RawComm, UNIQUE_ID_BYTES};
+pub use comm::{NcclOp, NcclType, UNIQUE_ID_BYTES};
+pub use polled::PolledComm;
 
 use crate::{load_library, LoadError};
 use std::sync::OnceLock;
@@ -36,6 +38,18 @@ pub enum NcclError {
         /// `ncclGetErrorString` of the code.
         message: String,
     },
+    /// A non-blocking call stayed in progress past the deadline; the communicator was
+    /// aborted.
+    #[error("{call} was still in progress after {after:?}; the communicator was aborted")]
+    Timeout {
+        /// The function.
+        call: &'static str,
+        /// How long it was polled.
+        after: std::time::Duration,
+    },
+    /// The communicator was aborted by an earlier failure, which this names.
+    #[error("the NCCL communicator was aborted earlier: {0}")]
+    Aborted(String),
 }
 
 /// NCCL's version.

@@ -56,8 +56,10 @@ fn run<C: Communicator, D: Device<Buffer = C::Buffer>>(
     full_params(e).expect("params")
 }
 
+/// Bits in which any NaN equals any NaN (zero_kernels::testing::canonical_bits).
 fn bits(p: &Params) -> Vec<u32> {
-    p.iter().flatten().flatten().map(|x| x.to_bits()).collect()
+    let flat: Vec<f32> = p.iter().flatten().flatten().copied().collect();
+    zero_kernels::testing::canonical_bits(&flat)
 }
 
 #[test]

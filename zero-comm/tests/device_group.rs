@@ -11,7 +11,7 @@ use zero_comm::{
     even_split, Communicator, Completion, DeviceGroup, HostBuffer, HostGroup, ReduceOp,
 };
 use zero_kernels::cuda::Gpu;
-use zero_kernels::testing::gpu_or_skip;
+use zero_kernels::testing::{canonical_bits, gpu_or_skip};
 use zero_kernels::{with_gpu_type, DType, Element};
 
 #[derive(Debug, Clone, Copy)]
@@ -26,7 +26,8 @@ fn host_vec<T: Element>(v: &[f32]) -> Vec<T> {
     v.iter().map(|&x| T::from_f32(x)).collect()
 }
 
-/// Runs `op` on host ranks: the outputs, as bits widened to f32 per rank.
+/// Runs `op` on host ranks: the outputs, as bits widened to f32 per rank (any NaN equal
+/// to any NaN).
 fn on_host(op: Op, dtype: DType, inputs: &[Vec<f32>], n: usize) -> Vec<Vec<u32>> {
     let world = inputs.len();
     let buf = |v: &[f32]| -> HostBuffer {
@@ -52,7 +53,7 @@ fn on_host(op: Op, dtype: DType, inputs: &[Vec<f32>], n: usize) -> Vec<Vec<u32>>
             }
             Op::Broadcast(root) => c.broadcast(buf(&inputs[r]), root).unwrap().wait().unwrap(),
         };
-        with_gpu_type!(dtype, T => out.as_slice::<T>().unwrap().iter().map(|x| x.to_f32().to_bits()).collect())
+        with_gpu_type!(dtype, T => canonical_bits(out.as_slice::<T>().unwrap()))
     })
 }
 
@@ -88,7 +89,7 @@ fn on_device(
             Op::Broadcast(root) => c.broadcast(buf(&inputs[r]), root).unwrap().wait().unwrap(),
         };
         let len = out.len();
-        with_gpu_type!(dtype, T => st.download::<T>(&out, 0..len).unwrap().iter().map(|x| x.to_f32().to_bits()).collect())
+        with_gpu_type!(dtype, T => canonical_bits(&st.download::<T>(&out, 0..len).unwrap()))
     })
 }
 

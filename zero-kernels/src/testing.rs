@@ -31,3 +31,40 @@ pub fn gpu_or_skip(test: &str) -> Option<&'static crate::cuda::Gpu> {
         Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),
     }
 }
+
+/// The bit pattern of every value widened to `f32`, with every NaN mapped to one pattern:
+/// the comparison the CPU/GPU tests use. GPU arithmetic returns the canonical NaN
+/// (`0x7fffffff`) where x86 propagates an operand's payload (and gives `0xffc00000` for
+/// inf − inf), so both sides can be right with different NaN bits: any NaN equals any
+/// NaN, and every other value must match bit for bit (ARCHITECTURE.md, invariant 12).
+pub fn canonical_bits<T: crate::Element>(v: &[T]) -> Vec<u32> {
+    v.iter()
+        .map(|x| {
+            let f = x.to_f32();
+            if f.is_nan() {
+                0x7fc0_0000
+            } else {
+                f.to_bits()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn canonical_bits_equal_any_nan_and_nothing_else() {
+        let gpu_nan = f32::from_bits(0x7fff_ffff);
+        let x86_nan = f32::from_bits(0xffc0_0000);
+        assert_eq!(canonical_bits(&[gpu_nan]), canonical_bits(&[x86_nan]));
+        assert_ne!(canonical_bits(&[0.0f32]), canonical_bits(&[-0.0f32]));
+        assert_ne!(
+            canonical_bits(&[1.0f32]),
+            canonical_bits(&[1.0f32 + f32::EPSILON])
+        );
+        assert_ne!(canonical_bits(&[f32::INFINITY]), canonical_bits(&[gpu_nan]));
+        let h = half::bf16::from_bits(0x7fc1);
+        assert_eq!(canonical_bits(&[h]), canonical_bits(&[half::bf16::NAN]));
+    }
+    use super::canonical_bits;
+}

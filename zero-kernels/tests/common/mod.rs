@@ -60,9 +60,11 @@ pub fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         .install(f)
 }
 
-/// Bit patterns of a slice, for exact comparisons that treat NaN == NaN.
+/// Bit patterns of a slice, for exact comparisons in which any NaN equals any NaN (the
+/// GPU's canonical NaN and x86's propagated payloads differ; see
+/// `zero_kernels::testing::canonical_bits`).
 pub fn bits<T: Element>(v: &[T]) -> Vec<u32> {
-    v.iter().map(|x| x.to_f32().to_bits()).collect()
+    zero_kernels::testing::canonical_bits(v)
 }
 
 /// Reference narrowing, independent of the kernels' own conversion: Rust's `as` for f32,

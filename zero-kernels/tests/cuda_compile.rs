@@ -1,15 +1,14 @@
-//! Every CUDA kernel compiles with NVRTC for sm_80 and sm_90 and assembles with ptxas with
-//! no register spills; registers per kernel are printed.
+//! Every CUDA kernel compiles with NVRTC to a cubin for sm_80 and sm_90 — what `Gpu::open`
+//! loads — with no register spills and no stack; registers per kernel are printed.
 //!
-//! Needs NVRTC (`ZERO_NVRTC_LIB` or on the library path) and ptxas (`ZERO_PTXAS` or on
-//! `PATH`): `.ci/run` installs both from PyPI (CUDA 13.0) and sets
-//! `ZERO_REQUIRE_CUDA_COMPILE=1`, which turns a missing compiler from a visible skip into a
-//! failure. No GPU is needed.
+//! Each result must be an ELF image for the CUDA machine (`EM_CUDA`) holding every entry
+//! point, and ptxas' report (NVRTC's log with `--ptxas-options=-v`) must show no spill.
+//! Needs NVRTC (`ZERO_NVRTC_LIB` or on the library path): `.ci/run` installs it from PyPI
+//! (CUDA 13.0) and sets `ZERO_REQUIRE_CUDA_COMPILE=1`, which turns a missing compiler from
+//! a visible skip into a failure. No GPU is needed.
 
-use std::path::PathBuf;
-use std::process::Command;
 use zero_kernels::cuda::SOURCES;
-use zero_sys::nvrtc::{compile_ptx, NvrtcError};
+use zero_sys::nvrtc::{compile_cubin, NvrtcError};
 
 /// What ptxas reported for one entry point.
 #[derive(Debug, Default)]
@@ -20,24 +19,12 @@ struct Resources {
     spill_loads: u32,
 }
 
-fn ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ZERO_PTXAS") {
-        return Some(PathBuf::from(p));
-    }
-    Command::new("ptxas")
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| PathBuf::from("ptxas"))
-}
-
 fn number_before(line: &str, what: &str) -> Option<u32> {
     let end = line.find(what)?;
     line[..end].split_whitespace().last()?.parse().ok()
 }
 
-/// Parses `ptxas -v` output into per-function resources.
+/// Parses ptxas' `-v` report into per-function resources.
 fn parse(log: &str) -> Vec<(String, Resources)> {
     let mut out: Vec<(String, Resources)> = Vec::new();
     for line in log.lines() {
@@ -61,26 +48,36 @@ fn parse(log: &str) -> Vec<(String, Resources)> {
     out
 }
 
+/// `EM_CUDA` (ELF machine 190): what the driver's module loader takes as a cubin.
+const EM_CUDA: u16 = 190;
+
+/// Checks the ELF header: magic, 64-bit, little-endian, machine EM_CUDA.
+fn elf_problem(image: &[u8]) -> Option<String> {
+    if image.len() < 64 || &image[..4] != b"\x7fELF" {
+        return Some("not an ELF image".into());
+    }
+    if image[4] != 2 || image[5] != 1 {
+        return Some(format!(
+            "ELF class {} / data {}, not 64-bit little-endian",
+            image[4], image[5]
+        ));
+    }
+    let machine = u16::from_le_bytes([image[18], image[19]]);
+    (machine != EM_CUDA).then(|| format!("ELF machine {machine}, not EM_CUDA ({EM_CUDA})"))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 #[test]
-fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
+fn every_kernel_compiles_to_a_cubin_for_sm80_and_sm90_without_spills() {
     let required = std::env::var_os("ZERO_REQUIRE_CUDA_COMPILE").is_some();
-    let Some(ptxas) = ptxas() else {
-        assert!(
-            !required,
-            "ZERO_REQUIRE_CUDA_COMPILE is set but ptxas was not found (set ZERO_PTXAS)"
-        );
-        println!(
-            "SKIPPED: ptxas not found (set ZERO_PTXAS); the CUDA kernels were not compile-checked"
-        );
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("zero-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
     let mut failures = Vec::new();
-    for (arch, sm) in [("compute_80", "sm_80"), ("compute_90", "sm_90")] {
+    for sm in ["sm_80", "sm_90"] {
         for src in SOURCES {
-            let ptx = match compile_ptx(&src.program(), src.name, arch, &[]) {
-                Ok(p) => p,
+            let cubin = match compile_cubin(&src.program(), src.name, sm, &["--ptxas-options=-v"]) {
+                Ok(c) => c,
                 Err(NvrtcError::NotFound(e)) => {
                     assert!(
                         !required,
@@ -94,43 +91,47 @@ fn every_kernel_compiles_for_sm80_and_sm90_without_spills() {
                     continue;
                 }
             };
-            let file = dir.join(format!("{}.{sm}.ptx", src.name));
-            std::fs::write(&file, &ptx).expect("write ptx");
-            let out = Command::new(&ptxas)
-                .args(["-v", "--warn-on-spills", "-arch", sm, "-o"])
-                .arg(dir.join(format!("{}.{sm}.cubin", src.name)))
-                .arg(&file)
-                .output()
-                .expect("run ptxas");
-            let log = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            if !out.status.success() {
-                failures.push(format!("ptxas {sm} {}: {log}", src.name));
-                continue;
+            if let Some(p) = elf_problem(&cubin.image) {
+                failures.push(format!("{sm} {}: {p}", src.name));
             }
-            let found = parse(&log);
+            let found = parse(&cubin.log);
             for entry in src.entries {
+                if !contains(&cubin.image, entry.as_bytes()) {
+                    failures.push(format!("{sm} {}: no `{entry}` in the cubin", src.name));
+                }
                 match found.iter().find(|(name, _)| name == entry) {
                     None => failures.push(format!(
-                        "{sm} {}: no entry point `{entry}` in ptxas' report",
-                        src.name
+                        "{sm} {}: no entry point `{entry}` in ptxas' report:\n{}",
+                        src.name, cubin.log
                     )),
                     Some((_, r)) => {
                         println!(
                             "{sm} {entry:<16} {:>3} registers, {:>3} bytes stack, {} / {} bytes spill stores / loads",
                             r.registers, r.stack, r.spill_stores, r.spill_loads
                         );
-                        if r.spill_stores > 0 || r.spill_loads > 0 {
-                            failures.push(format!("{sm} {entry}: spills ({r:?})"));
+                        if r.spill_stores > 0 || r.spill_loads > 0 || r.stack > 0 {
+                            failures.push(format!("{sm} {entry}: spills or stack ({r:?})"));
                         }
                     }
                 }
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_elf_check_refuses_what_is_not_a_cuda_cubin() {
+    assert!(
+        elf_problem(b".version 9.0\n.target sm_90\n").is_some(),
+        "PTX is not a cubin"
+    );
+    let mut x86 = vec![0u8; 64];
+    x86[..4].copy_from_slice(b"\x7fELF");
+    x86[4] = 2;
+    x86[5] = 1;
+    x86[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    assert!(elf_problem(&x86).unwrap().contains("machine 62"));
+    x86[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
+    assert_eq!(elf_problem(&x86), None);
 }

@@ -4,7 +4,7 @@
 //! Needs NVRTC, as `cuda_compile` does; `ZERO_REQUIRE_CUDA_COMPILE=1` makes its absence a
 //! failure instead of a visible skip.
 
-use zero_kernels::cuda::ptx_cache::{cache_file_name, compiled_ptx, PtxOrigin};
+use zero_kernels::cuda::kernel_cache::{cache_file_name, compiled_cubin, CacheKey, CacheOrigin};
 use zero_kernels::cuda::SOURCES;
 use zero_sys::nvrtc::NvrtcError;
 
@@ -27,37 +27,44 @@ fn kernels_are_cached_in_memory_and_on_disk() {
     let root = std::env::temp_dir().join(format!("zero-kernel-cache-{}", std::process::id()));
     let (first, second, third) = (root.join("a"), root.join("b"), root.join("c"));
     let src = SOURCES[3]; // cast.cu: the smallest
-    let name = cache_file_name(&src, "compute_80", nvrtc);
+    let key = CacheKey {
+        sm: "sm_80",
+        nvrtc,
+        driver: Some((13, 0)),
+    };
+    let name = cache_file_name(&src, &key);
 
-    let (ptx, origin) = compiled_ptx(&src, "compute_80", Some(&first)).expect("compile");
-    assert_eq!(origin, PtxOrigin::Compiled);
+    let (image, origin) = compiled_cubin(&src, &key, Some(&first)).expect("compile");
+    assert_eq!(origin, CacheOrigin::Compiled);
+    assert_eq!(&image[..4], b"\x7fELF", "not a cubin");
     assert!(
-        ptx.contains(".entry cast_f32_f16"),
-        "no entry point in the PTX"
+        image.windows(12).any(|w| w == b"cast_f32_f16"),
+        "no entry point in the cubin"
     );
     assert!(first.join(&name).is_file(), "{name} was not written");
 
-    let (again, origin) = compiled_ptx(&src, "compute_80", Some(&first)).expect("memory");
-    assert_eq!((origin, &*again), (PtxOrigin::Memory, &*ptx));
+    let (again, origin) = compiled_cubin(&src, &key, Some(&first)).expect("memory");
+    assert_eq!((origin, &*again), (CacheOrigin::Memory, &*image));
 
     // Another process would find the file: copy it where this process has no entry.
     std::fs::create_dir_all(&second).expect("mkdir");
     std::fs::copy(first.join(&name), second.join(&name)).expect("copy");
-    let (disk, origin) = compiled_ptx(&src, "compute_80", Some(&second)).expect("disk");
-    assert_eq!((origin, &*disk), (PtxOrigin::Disk, &*ptx));
+    let (disk, origin) = compiled_cubin(&src, &key, Some(&second)).expect("disk");
+    assert_eq!((origin, &*disk), (CacheOrigin::Disk, &*image));
 
     // A damaged entry is compiled again and replaced.
     std::fs::create_dir_all(&third).expect("mkdir");
-    let text = std::fs::read_to_string(first.join(&name)).expect("read");
-    std::fs::write(
-        third.join(&name),
-        text.replace("cast_f32_f16", "cast_f32_f61"),
-    )
-    .expect("w");
-    let (fresh, origin) = compiled_ptx(&src, "compute_80", Some(&third)).expect("recompile");
-    assert_eq!((origin, &*fresh), (PtxOrigin::Compiled, &*ptx));
-    let rewritten = std::fs::read_to_string(third.join(&name)).expect("read");
-    assert!(rewritten.contains("cast_f32_f16") && !rewritten.contains("cast_f32_f61"));
+    let mut bytes = std::fs::read(first.join(&name)).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(third.join(&name), &bytes).expect("w");
+    let (fresh, origin) = compiled_cubin(&src, &key, Some(&third)).expect("recompile");
+    assert_eq!((origin, &*fresh), (CacheOrigin::Compiled, &*image));
+    let rewritten = std::fs::read(third.join(&name)).expect("read");
+    assert!(
+        rewritten.ends_with(&image),
+        "the damaged entry was not replaced"
+    );
 
     let _ = std::fs::remove_dir_all(&root);
 }

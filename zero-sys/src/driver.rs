@@ -20,3 +20,17 @@ pub fn library() -> Result<&'static LoadedLibrary, LoadError> {
         .as_ref()
         .map_err(Clone::clone)
 }
+
+/// The CUDA version the driver supports, as `(major, minor)` (`cuDriverGetVersion`:
+/// 13000 → (13, 0)). Needs no GPU, only the driver library.
+pub fn version() -> Result<(i32, i32), String> {
+    library().map_err(|e| e.to_string())?;
+    let mut v: std::os::raw::c_int = 0;
+    // SAFETY: writes one int through the pointer, to a live local; the library was opened
+    // above, so cudarc's lazy symbol lookup finds it.
+    let rc = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if rc != cudarc::driver::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(format!("cuDriverGetVersion failed: {rc:?}"));
+    }
+    Ok((v / 1000, v % 1000 / 10))
+}

@@ -1,16 +1,17 @@
 //! The process's GPU, over `cudarc`'s driver API.
 //!
-//! [`Gpu::get`] opens the process's device once (`LOCAL_RANK` when a launcher set it, as
-//! DeepSpeed scripts call `torch.cuda.set_device(local_rank)`; else device 0): it checks
-//! the driver is there (an error,
-//! not a panic, where it is not), takes every source in [`SOURCES`](super::SOURCES)
-//! compiled for the device's exact architecture (from the kernel cache, or NVRTC) and
-//! loads them. Work runs on [`GpuStream`]s over device buffers; the methods here mirror
-//! the CPU kernels over host slices (copy in, run on the default stream, copy out), so the
-//! GPU tests run the CPU tests' vectors through the same device code and compare.
+//! [`Gpu::open`] opens the process's device once, chosen by
+//! [`choose_device`](super::choose_device) from the launcher's local rank (the one
+//! visible GPU, else the local rank's): it checks the driver is there (an error, not a
+//! panic, where it is not), takes every source in [`SOURCES`](super::SOURCES) compiled to
+//! a cubin for the device's exact architecture (from the kernel cache, or NVRTC) and loads
+//! them. [`Gpu::get`] returns the opened device, or opens one with no local rank. Work
+//! runs on [`GpuStream`]s over device buffers; the methods here mirror the CPU kernels
+//! over host slices (copy in, run on the default stream, copy out), so the GPU tests run
+//! the CPU tests' vectors through the same device code and compare.
 
 use super::buffer::GpuElement;
-use super::ops::AdamViews;
+use super::ops::{AdamViews, GradScale};
 use super::stream::GpuStream;
 use super::SOURCES;
 use crate::{AdamConfig, FlatLayout, GradStats, KernelError};
@@ -49,71 +50,114 @@ pub(crate) fn driver<E: std::fmt::Debug>(context: &'static str) -> impl FnOnce(E
     }
 }
 
-/// Device 0 with every kernel loaded.
+/// The process's GPU with every kernel loaded.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
-    /// The virtual architecture the kernels were compiled for (for example `compute_90`).
+    /// The device ordinal (among the visible devices).
+    pub ordinal: usize,
+    /// The real architecture the kernels were compiled for (for example `sm_90`).
     pub arch: String,
+    /// The driver's CUDA version.
+    pub driver: (i32, i32),
+    /// The NVRTC version that compiled the kernels.
+    pub nvrtc: (i32, i32),
 }
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("arch", &self.arch).finish()
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("arch", &self.arch)
+            .field("driver", &self.driver)
+            .field("nvrtc", &self.nvrtc)
+            .finish()
     }
 }
 
 static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
 
+fn opening_error(message: String) -> GpuError {
+    GpuError::Driver {
+        context: "opening the GPU",
+        message,
+    }
+}
+
 impl Gpu {
-    /// The process's GPU (device `LOCAL_RANK`, or 0), opened and with kernels compiled on
-    /// first use.
+    /// The process's GPU: the one already opened, or else the device
+    /// [`open`](Self::open) picks with no local rank (the one visible GPU, or device 0).
     pub fn get() -> Result<&'static Gpu, GpuError> {
         zero_sys::driver::library()?;
-        GPU.get_or_init(|| Self::open().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|message| GpuError::Driver {
-                context: "opening the GPU",
-                message: message.clone(),
-            })
+        match GPU.get() {
+            Some(opened) => opened.as_ref().map_err(|m| opening_error(m.clone())),
+            None => Self::open(None),
+        }
     }
 
-    fn open() -> Result<Gpu, GpuError> {
-        let ordinal = match std::env::var("LOCAL_RANK") {
-            Ok(v) => v.trim().parse::<usize>().map_err(|e| GpuError::Driver {
-                context: "LOCAL_RANK",
-                message: format!("LOCAL_RANK={v} is not a device number ({e})"),
-            })?,
-            Err(_) => 0,
-        };
+    /// Opens the process's GPU for a process at `local_rank` on its node (from the
+    /// launcher; `None` when there is none), with kernels compiled on first use. The
+    /// device is the one visible GPU, else the local rank's (see
+    /// [`choose_device`](super::choose_device)). A process has one GPU: asking for another
+    /// device than the one already opened is an error naming both.
+    pub fn open(local_rank: Option<usize>) -> Result<&'static Gpu, GpuError> {
+        zero_sys::driver::library()?;
         let count = CudaContext::device_count().map_err(driver("device_count"))?;
-        if ordinal >= count.max(0) as usize {
-            return Err(GpuError::Driver {
-                context: "LOCAL_RANK",
-                message: format!("device {ordinal} asked for, but this machine has {count}"),
-            });
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let ordinal = super::choose_device(local_rank, count.max(0) as usize, visible.as_deref())
+            .map_err(opening_error)?;
+        let gpu = GPU
+            .get_or_init(|| Self::open_device(ordinal).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|m| opening_error(m.clone()))?;
+        if gpu.ordinal != ordinal {
+            return Err(opening_error(format!(
+                "this process already uses GPU {}, and local rank {local_rank:?} asks for GPU \
+                 {ordinal}; open the GPU (NcclComm::init, Gpu::open) before anything else uses it",
+                gpu.ordinal
+            )));
         }
+        Ok(gpu)
+    }
+
+    fn open_device(ordinal: usize) -> Result<Gpu, GpuError> {
+        let driver_version = zero_sys::driver::version().map_err(opening_error)?;
+        let nvrtc = zero_sys::nvrtc::version()?;
         let ctx = CudaContext::new(ordinal).map_err(driver("CudaContext::new"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute_capability"))?;
-        let arch = format!("compute_{major}{minor}");
-        let leaked: &'static str = Box::leak(arch.clone().into_boxed_str());
+        super::check_toolchain(driver_version, nvrtc, (major, minor)).map_err(opening_error)?;
+        let arch = format!("sm_{major}{minor}");
+        let key = super::kernel_cache::CacheKey {
+            sm: &arch,
+            nvrtc,
+            driver: Some(driver_version),
+        };
         let mut modules = HashMap::new();
-        let cache = super::ptx_cache::cache_dir();
+        let cache = super::kernel_cache::cache_dir();
         for src in SOURCES {
-            let (ptx, _) = super::ptx_cache::compiled_ptx(&src, leaked, cache.as_deref())?;
+            let (image, _) = super::kernel_cache::compiled_cubin(&src, &key, cache.as_deref())?;
             let module = ctx
-                .load_module(zero_sys::cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
-                .map_err(driver("load_module"))?;
+                .load_module(zero_sys::cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
+                .map_err(|e| GpuError::Driver {
+                    context: "loading the kernels",
+                    message: format!(
+                        "{}: {e:?} (a cubin for {arch} from NVRTC {}.{} on a CUDA {}.{} driver)",
+                        src.name, nvrtc.0, nvrtc.1, driver_version.0, driver_version.1
+                    ),
+                })?;
             modules.insert(src.name, module);
         }
         Ok(Gpu {
             stream: ctx.default_stream(),
             ctx,
             modules,
+            ordinal,
             arch,
+            driver: driver_version,
+            nvrtc,
         })
     }
 
@@ -193,7 +237,6 @@ impl Gpu {
         let mut m = st.upload(exp_avg)?;
         let mut v = st.upload(exp_avg_sq)?;
         let g = st.upload(grads)?;
-        let scale = st.upload(&[grad_scale])?;
         let mut p = st.zeros(P::DTYPE, n)?;
         {
             let (mut wv, mut mv, mut vv) = (
@@ -205,7 +248,7 @@ impl Gpu {
             st.adam(
                 cfg,
                 step,
-                &scale.view::<f32>(0..1)?,
+                GradScale::Host(grad_scale),
                 None,
                 AdamViews {
                     master: &mut wv,

@@ -1,19 +1,24 @@
-//! The CUDA C sources of the GPU kernels: one source of truth, compiled by NVRTC at first
-//! use for the GPU at hand (or by nvcc at build time where present).
+//! The CUDA C sources of the GPU kernels: one source of truth, compiled by NVRTC to a
+//! cubin for the GPU at hand at first use (and cached on disk).
 //!
 //! Each source is `common.cuh` followed by the kernel file; none includes a CUDA header,
 //! so NVRTC needs no include path. [`GpuStream`] launches them on device buffers.
 
 mod buffer;
+mod device_choice;
 mod gpu;
+pub mod kernel_cache;
 mod ops;
-pub mod ptx_cache;
+mod staging;
 mod stream;
+mod toolchain;
 
 pub use buffer::{GpuBuffer, GpuData, GpuElement};
+pub use device_choice::choose_device;
 pub use gpu::{Gpu, GpuError};
-pub use ops::AdamViews;
-pub use stream::{Combine, GpuStream};
+pub use ops::{AdamViews, GradScale};
+pub use stream::{Combine, GpuStream, MAX_REDUCE_BUFFERS};
+pub use toolchain::check_toolchain;
 
 /// Helpers every kernel file starts with: 16-bit conversions, element types, indexing.
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");

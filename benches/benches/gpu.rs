@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::time::Duration;
-use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuStream};
+use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuStream, GradScale};
 use zero_kernels::{bf16, AdamConfig, DType, FlatLayout};
 
 fn sizes() -> Vec<usize> {
@@ -74,7 +74,6 @@ fn gpu_benches(c: &mut Criterion) {
         let mut v = st.zeros(DType::F32, n).expect("alloc");
         let grads = filled(&st, DType::BF16, n, 4);
         let mut p = st.zeros(DType::BF16, n).expect("alloc");
-        let scale = st.upload(&[1.0f32 / 1024.0]).expect("upload");
         let cfg = AdamConfig::adamw(1e-4);
         let mut step = 0u64;
         let mut g = c.benchmark_group("gpu_adam_bf16");
@@ -85,7 +84,7 @@ fn gpu_benches(c: &mut Criterion) {
                 st.adam(
                     &cfg,
                     step,
-                    &scale.view::<f32>(0..1).expect("view"),
+                    GradScale::Host(1.0 / 1024.0),
                     None,
                     AdamViews {
                         master: &mut w.view_mut::<f32>(0..n).expect("view"),

@@ -1,7 +1,8 @@
 // Fused mixed-precision Adam/AdamW over one contiguous range: the update of
 // zero-kernels/src/adam.rs, element for element, in f32 without FMA.
-// grad_scale and found_inf live in device memory: an overflow found on the device skips
-// the update on the device, with no host sync. mode: 0 no weight decay, 1 L2 (Adam),
+// The gradient scale is either a value the host passes (grad_scale null) or one in device
+// memory; found_inf (optional) lives in device memory: an overflow found on the device
+// skips the update on the device, with no host sync. mode: 0 no weight decay, 1 L2 (Adam),
 // 2 decoupled (AdamW). Scalars are separate arguments; `params` may be null (no copy).
 
 struct AdamScalars {
@@ -26,9 +27,10 @@ __device__ __forceinline__ float adam_update(const AdamScalars& s, float w, floa
 
 template <typename G, typename P>
 __device__ void adam_impl(float* w, float* m, float* v, const typename G::T* grads, typename P::T* params,
-                          u64 n, AdamScalars s, const float* grad_scale, const int* found_inf) {
+                          u64 n, AdamScalars s, float grad_scale_value, const float* grad_scale,
+                          const int* found_inf) {
     if (found_inf != 0 && *found_inf != 0) return;
-    const float scale = *grad_scale;
+    const float scale = grad_scale != 0 ? *grad_scale : grad_scale_value;
     const u64 groups = n / 4;
     const bool vec = ((((u64)w) | ((u64)m) | ((u64)v)) & 15) == 0;
     for (u64 q = global_thread(); q < groups; q += global_threads()) {
@@ -61,9 +63,10 @@ __device__ void adam_impl(float* w, float* m, float* v, const typename G::T* gra
 
 #define ADAM(NAME, G, P)                                                                              \
     extern "C" __global__ void NAME(float* w, float* m, float* v, const G::T* grads, P::T* params,     \
-                                    u64 n, ADAM_SCALAR_PARAMS, const float* grad_scale, const int* found_inf) { \
+                                    u64 n, ADAM_SCALAR_PARAMS, float grad_scale_value,                \
+                                    const float* grad_scale, const int* found_inf) {                  \
         const AdamScalars s = {beta1, one_minus_beta1, beta2, one_minus_beta2, wd, lr_wd, step_size, bc2_sqrt, eps, mode}; \
-        adam_impl<G, P>(w, m, v, grads, params, n, s, grad_scale, found_inf);                           \
+        adam_impl<G, P>(w, m, v, grads, params, n, s, grad_scale_value, grad_scale, found_inf);         \
     }
 ADAM(adam_f32_f32, F32, F32)
 ADAM(adam_f32_f16, F32, F16)

@@ -8,7 +8,7 @@ use common::*;
 use half::{bf16, f16};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use zero_kernels::cuda::{AdamViews, Combine, Gpu, GpuElement};
+use zero_kernels::cuda::{AdamViews, Combine, Gpu, GpuElement, GradScale};
 use zero_kernels::testing::gpu_or_skip;
 use zero_kernels::{
     adam_step, cast, flatten, grad_stats, unflatten, AdamConfig, Element, FlatLayout,
@@ -290,11 +290,15 @@ fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
     let mut dp = st.upload(&vec![poison::<bf16>(); n]).unwrap();
     let dg = st.upload(&grads).unwrap();
     let scale = st.upload(&[1.0f32]).unwrap();
-    let flag = st.cuda().clone_htod(&[1i32]).unwrap();
+    let one = [1i32];
+    // A test-only pageable upload, synchronized before `one` goes out of scope.
+    #[allow(clippy::disallowed_methods)]
+    let flag = st.cuda().clone_htod(&one).unwrap();
+    st.synchronize().unwrap();
     st.adam(
         &AdamConfig::adamw(1e-2),
         1,
-        &scale.view::<f32>(0..1).unwrap(),
+        GradScale::Device(&scale.view::<f32>(0..1).unwrap()),
         Some(&flag.slice(0..1)),
         AdamViews {
             master: &mut dw.view_mut::<f32>(0..n).unwrap(),

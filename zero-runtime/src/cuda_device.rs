@@ -5,7 +5,7 @@
 use crate::device::{AdamState, Device};
 use crate::EngineError;
 use std::ops::Range;
-use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuError, GpuStream};
+use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuError, GpuStream, GradScale};
 use zero_kernels::{with_gpu_type, AdamConfig, DType, GradStats};
 
 /// One rank's view of the process's GPU: its own stream, so ranks sharing the device (the
@@ -23,8 +23,9 @@ fn device_error(e: GpuError) -> EngineError {
 }
 
 impl CudaDevice {
-    /// A new stream on the process's GPU (device 0); an error naming the missing driver
-    /// where there is none.
+    /// A new stream on the process's GPU (the one `NcclComm::init` or `Gpu::open` opened,
+    /// else the one visible GPU or device 0); an error naming the missing driver where
+    /// there is none.
     pub fn new() -> Result<Self, EngineError> {
         let gpu = Gpu::get().map_err(device_error)?;
         Ok(CudaDevice {
@@ -124,9 +125,7 @@ impl Device for CudaDevice {
         offset: usize,
     ) -> Result<(), EngineError> {
         let n = state.master.len();
-        let scale = self.stream.upload(&[grad_scale]).map_err(device_error)?;
         let mut run = || -> Result<(), GpuError> {
-            let scale = scale.view::<f32>(0..1)?;
             let mut w = state.master.view_mut::<f32>(0..n)?;
             let mut m = state.exp_avg.view_mut::<f32>(0..n)?;
             let mut v = state.exp_avg_sq.view_mut::<f32>(0..n)?;
@@ -136,7 +135,7 @@ impl Device for CudaDevice {
                 self.stream.adam(
                     cfg,
                     step,
-                    &scale,
+                    GradScale::Host(grad_scale),
                     None,
                     AdamViews { master: &mut w, exp_avg: &mut m, exp_avg_sq: &mut v },
                     &g,

@@ -12,7 +12,7 @@ use crate::group::{self, Executor, GroupComm, GroupWork, DEFAULT_TIMEOUT};
 use crate::op::{even_split, OpDesc, OpKind};
 use crate::{CommError, ReduceOp};
 use std::time::Duration;
-use zero_kernels::cuda::{Combine, Gpu, GpuBuffer, GpuError, GpuStream};
+use zero_kernels::cuda::{Combine, Gpu, GpuBuffer, GpuError, GpuStream, MAX_REDUCE_BUFFERS};
 
 /// One rank of a [`DeviceGroup`].
 pub type DeviceComm = GroupComm<GpuBuffer>;
@@ -31,13 +31,23 @@ impl DeviceGroup {
         Self::with_timeout(n, DEFAULT_TIMEOUT)
     }
 
-    /// `n` ranks whose waits give up after `timeout`.
+    /// `n` ranks whose waits give up after `timeout`; at most [`MAX_REDUCE_BUFFERS`]
+    /// (the reduction kernel takes every rank's buffer address as a launch parameter).
     pub fn with_timeout(n: usize, timeout: Duration) -> Result<Vec<DeviceComm>, CommError> {
         let backend = |e: GpuError| CommError::Backend {
             seq: 0,
             op: "DeviceGroup::new".into(),
             reason: e.to_string(),
         };
+        if n > MAX_REDUCE_BUFFERS {
+            return Err(CommError::Backend {
+                seq: 0,
+                op: "DeviceGroup::new".into(),
+                reason: format!(
+                    "{n} ranks asked for; one GPU's group holds at most {MAX_REDUCE_BUFFERS}"
+                ),
+            });
+        }
         let stream = Gpu::get().map_err(backend)?.new_stream().map_err(backend)?;
         group::spawn(n, timeout, DeviceExec { stream })
     }

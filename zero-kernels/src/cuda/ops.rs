@@ -25,16 +25,25 @@ pub struct AdamViews<'a, 'b> {
 /// One row of the flatten kernel's table: source, destination, length, first block.
 type CopyEntry = [u64; 4];
 
+/// The scale Adam multiplies every gradient by (unscale and clip folded together).
+#[derive(Debug, Clone, Copy)]
+pub enum GradScale<'a, 'b> {
+    /// A value the host passes with the launch.
+    Host(f32),
+    /// One `f32` in device memory, computed there (no host round trip).
+    Device(&'a CudaView<'b, f32>),
+}
+
 impl GpuStream {
-    /// [`crate::adam_step`] on device memory. `grad_scale` (one `f32`) and `found_inf`
-    /// (one `i32`, optional) are read on the device: when the flag is non-zero the kernel
-    /// changes nothing, so an overflow skips the step with no host round trip.
+    /// [`crate::adam_step`] on device memory. `found_inf` (one `i32`, optional) is read
+    /// on the device: when the flag is non-zero the kernel changes nothing, so an overflow
+    /// skips the step with no host round trip.
     #[allow(clippy::too_many_arguments)]
     pub fn adam<G: GpuElement, P: GpuElement>(
         &self,
         cfg: &AdamConfig,
         step: u64,
-        grad_scale: &CudaView<'_, f32>,
+        grad_scale: GradScale<'_, '_>,
         found_inf: Option<&CudaView<'_, i32>>,
         state: AdamViews<'_, '_>,
         grads: &CudaView<'_, G>,
@@ -50,11 +59,14 @@ impl GpuStream {
             grads.len(),
             params_out.as_ref().map(|p| p.len()),
         )?;
-        crate::error::check_len("adam: grad_scale", 1, grad_scale.len())?;
+        if let GradScale::Device(v) = grad_scale {
+            crate::error::check_len("adam: grad_scale", 1, v.len())?;
+        }
         if n == 0 {
             return Ok(());
         }
-        // The host scale is folded in on the device: the kernel multiplies by *grad_scale.
+        // The scale is applied on the device (to the gradient, as the CPU kernel does), so
+        // the scalars are computed with a scale of one.
         let s = crate::adam::scalars(cfg, step, 1.0);
         let mode = crate::adam::decay_mode(cfg) as i32;
         let f = self.function("adam.cu", &format!("adam_{}_{}", G::SUFFIX, P::SUFFIX))?;
@@ -76,6 +88,14 @@ impl GpuStream {
                 ptr
             }
             None => 0,
+        };
+        let (scale_value, scale_arg) = match grad_scale {
+            GradScale::Host(v) => (v, 0u64),
+            GradScale::Device(v) => {
+                let (ptr, g) = v.device_ptr(st);
+                guards.push(g);
+                (1.0f32, ptr)
+            }
         };
         let n64 = n as u64;
         let scalars = [
@@ -100,11 +120,16 @@ impl GpuStream {
         for x in &scalars {
             launch.arg(x);
         }
-        launch.arg(&mode).arg(grad_scale).arg(&flag_arg);
+        launch
+            .arg(&mode)
+            .arg(&scale_value)
+            .arg(&scale_arg)
+            .arg(&flag_arg);
         // SAFETY: adam_G_P(float* w, float* m, float* v, const G* g, P* p, u64 n, nine
-        // floats, int mode, const float* grad_scale, const int* found_inf): w, m, v and g
-        // hold n elements (checked above); p is null or n elements; grad_scale is one
-        // float; found_inf is null or one int. The guards keep p and found_inf ordered.
+        // floats, int mode, float grad_scale_value, const float* grad_scale, const int*
+        // found_inf): w, m, v and g hold n elements (checked above); p is null or n
+        // elements; grad_scale is null or one float; found_inf is null or one int. The
+        // guards keep p, grad_scale and found_inf ordered.
         unsafe { launch.launch(launch_config(blocks(n, 4))) }.map_err(driver("launch adam"))?;
         drop(guards);
         Ok(())
@@ -119,10 +144,7 @@ impl GpuStream {
             return Ok(());
         }
         let flat: Vec<u64> = table.iter().flatten().copied().collect();
-        let d_table = self
-            .cuda()
-            .clone_htod(&flat)
-            .map_err(driver("copy to device"))?;
+        let d_table = self.upload_table(&flat)?;
         let entries = table.len() as i32;
         let f = self.function("flatten.cu", &format!("copy_{}_{}", S::SUFFIX, D::SUFFIX))?;
         let mut launch = self.cuda().launch_builder(&f);

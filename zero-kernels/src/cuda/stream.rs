@@ -2,13 +2,18 @@
 //! [`GpuBuffer`]s that stay on the device.
 //!
 //! Work is queued on the stream and the calls return without waiting, except those that
-//! hand a value to the host (downloads and [`GpuStream::stats`]). Buffers used from
+//! move data between the device and pageable host memory: uploads and downloads (and
+//! [`GpuStream::stats`]) wait for the stream, because CUDA may read or write pageable
+//! memory after an asynchronous copy returns ("might be synchronous" is all it promises),
+//! and the host slice is gone or read right after. Kernels get small tables as launch
+//! parameters and large ones through pinned staging (`staging`). Buffers used from
 //! several streams are ordered by `cudarc`'s per-allocation events: a kernel that reads a
 //! buffer waits for its last write on any stream, and one that writes it waits for its
 //! last read too, so no buffer is reused or freed while another stream still uses it.
 
 use super::buffer::{GpuBuffer, GpuElement};
 use super::gpu::{driver, Gpu, GpuError};
+use super::staging::TableStaging;
 use crate::{with_gpu_type, DType, GradStats, KernelError};
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,6 +26,9 @@ use zero_sys::cudarc::driver::{
 pub(crate) const THREADS: u32 = 256;
 /// Blocks of the stats kernel (fixed, so the summation order is fixed).
 const STATS_BLOCKS: usize = 1024;
+/// The most buffers one reduction reads or writes (`MAX_REDUCE_BUFFERS` in reduce.cu): the
+/// addresses travel as launch parameters.
+pub const MAX_REDUCE_BUFFERS: usize = 64;
 
 /// How [`GpuStream::reduce`] combines sources; the host collectives' `ReduceOp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +46,7 @@ pub enum Combine {
 pub struct GpuStream {
     gpu: &'static Gpu,
     stream: Arc<CudaStream>,
+    tables: Arc<TableStaging>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -68,7 +77,20 @@ fn check_same_len(what: &str, expected: usize, actual: usize) -> Result<(), GpuE
 
 impl GpuStream {
     pub(crate) fn new(gpu: &'static Gpu, stream: Arc<CudaStream>) -> Self {
-        GpuStream { gpu, stream }
+        GpuStream {
+            gpu,
+            stream,
+            tables: Arc::default(),
+        }
+    }
+
+    /// A device copy of a kernel's `u64` table, staged through pinned memory (queued; the
+    /// host side stays alive until the copy ran).
+    pub(crate) fn upload_table(
+        &self,
+        table: &[u64],
+    ) -> Result<zero_sys::cudarc::driver::CudaSlice<u64>, GpuError> {
+        self.tables.upload(&self.stream, table)
     }
 
     /// The `cudarc` stream, for other crates' launches (NCCL takes its raw handle).
@@ -101,15 +123,19 @@ impl GpuStream {
         GpuBuffer::zeros(&self.stream, dtype, len)
     }
 
-    /// A buffer holding `src`.
+    /// A buffer holding `src` (waits for the stream: CUDA may read pageable `src` after
+    /// an asynchronous copy returns).
     pub fn upload<T: GpuElement>(&self, src: &[T]) -> Result<GpuBuffer, GpuError> {
         if src.is_empty() {
             return self.zeros(T::DTYPE, 0);
         }
+        // The one sanctioned pageable upload: synchronized before `src` can go.
+        #[allow(clippy::disallowed_methods)]
         let s = self
             .stream
             .clone_htod(src)
             .map_err(driver("copy to device"))?;
+        self.synchronize()?;
         Ok(GpuBuffer::from_slice(s))
     }
 
@@ -122,11 +148,25 @@ impl GpuStream {
         let mut out = vec![T::default(); range.len()];
         if !out.is_empty() {
             let view = src.view::<T>(range)?;
-            self.stream
-                .memcpy_dtoh(&view, &mut out)
-                .map_err(driver("copy to host"))?;
+            self.download_view(&view, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// Copies `src` into `dst` on the host and waits for the copy: CUDA may write pageable
+    /// `dst` after an asynchronous copy returns, so nothing may read it before the wait.
+    pub fn download_view<T: GpuElement + zero_sys::cudarc::driver::DeviceRepr>(
+        &self,
+        src: &CudaView<'_, T>,
+        dst: &mut [T],
+    ) -> Result<(), GpuError> {
+        check_same_len("download: dst", src.len(), dst.len())?;
+        // The one sanctioned pageable download: synchronized before `dst` is read.
+        #[allow(clippy::disallowed_methods)]
+        self.stream
+            .memcpy_dtoh(src, dst)
+            .map_err(driver("copy to host"))?;
+        self.synchronize()
     }
 
     /// Writes host `f32` values into `dst[offset..]`, rounding to its type.
@@ -188,6 +228,19 @@ impl GpuStream {
     ) -> Result<(), GpuError> {
         let n = range.len();
         let out = offset..offset + n;
+        if src.dtype() == dst.dtype() {
+            return with_gpu_type!(src.dtype(), T => {
+                let s = src.view::<T>(range)?;
+                let mut d = dst.view_mut::<T>(out)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                // The stream's own copy binds the context to this thread (a raw
+                // cuMemcpyDtoDAsync from a thread with no current context fails) and
+                // records the buffers' events.
+                self.stream.memcpy_dtod(&s, &mut d).map_err(driver("copy"))
+            });
+        }
         with_gpu_type!(src.dtype(), S => with_gpu_type!(dst.dtype(), D => {
             let s = src.view::<S>(range)?;
             let mut d = dst.view_mut::<D>(out)?;
@@ -195,8 +248,8 @@ impl GpuStream {
         }))
     }
 
-    /// Typed copy with conversion between views of equal length.
-    pub fn cast_view<S: GpuElement, D: GpuElement>(
+    /// Copy with conversion between views of equal length and different element types.
+    fn cast_view<S: GpuElement, D: GpuElement>(
         &self,
         src: &CudaView<'_, S>,
         dst: &mut CudaViewMut<'_, D>,
@@ -204,22 +257,6 @@ impl GpuStream {
         check_same_len("cast: dst", src.len(), dst.len())?;
         if src.is_empty() {
             return Ok(());
-        }
-        if S::DTYPE == D::DTYPE {
-            let (s, _rs) = src.device_ptr(&self.stream);
-            let (d, _rd) = dst.device_ptr_mut(&self.stream);
-            let bytes = src.len() * std::mem::size_of::<S>();
-            // SAFETY: both ranges hold `bytes` bytes (equal lengths of one element type,
-            // checked above) and the events recorded on drop order later users.
-            return unsafe {
-                zero_sys::cudarc::driver::result::memcpy_dtod_async(
-                    d,
-                    s,
-                    bytes,
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(driver("copy"));
         }
         let f = self.function("cast.cu", &format!("cast_{}_{}", S::SUFFIX, D::SUFFIX))?;
         let n = src.len() as u64;
@@ -299,8 +336,16 @@ impl GpuStream {
             .arg(&mut flag);
         // SAFETY: stats_finish reads `count` partials and writes one sum and one flag.
         unsafe { second.launch(launch_config(1)) }.map_err(driver("launch stats_finish"))?;
-        let s = st.clone_dtoh(&sum).map_err(driver("copy to host"))?;
-        let b = st.clone_dtoh(&flag).map_err(driver("copy to host"))?;
+        let (mut s, mut b) = ([0f64], [0i32]);
+        // Pageable downloads, synchronized before the values are read.
+        #[allow(clippy::disallowed_methods)]
+        {
+            st.memcpy_dtoh(&sum, &mut s)
+                .map_err(driver("copy to host"))?;
+            st.memcpy_dtoh(&flag, &mut b)
+                .map_err(driver("copy to host"))?;
+        }
+        self.synchronize()?;
         Ok(GradStats {
             sum_sq: s[0],
             non_finite: b[0] != 0,
@@ -373,14 +418,21 @@ impl GpuStream {
         n: usize,
         op: Combine,
     ) -> Result<(), GpuError> {
-        let src_table = self
-            .stream
-            .clone_htod(srcs)
-            .map_err(driver("copy to device"))?;
-        let dst_table = self
-            .stream
-            .clone_htod(dsts)
-            .map_err(driver("copy to device"))?;
+        let table = |what: &str, ptrs: &[u64]| -> Result<[u64; MAX_REDUCE_BUFFERS], GpuError> {
+            if ptrs.len() > MAX_REDUCE_BUFFERS {
+                return Err(KernelError::LengthMismatch {
+                    what: format!("reduce: {what} (at most {MAX_REDUCE_BUFFERS})"),
+                    expected: MAX_REDUCE_BUFFERS,
+                    actual: ptrs.len(),
+                }
+                .into());
+            }
+            let mut t = [0u64; MAX_REDUCE_BUFFERS];
+            t[..ptrs.len()].copy_from_slice(ptrs);
+            Ok(t)
+        };
+        let src_table = table("sources", srcs)?;
+        let dst_table = table("destinations", dsts)?;
         let f = self.function("reduce.cu", &format!("reduce_{}", T::SUFFIX))?;
         let (nsrc, ndst, n64) = (srcs.len() as i32, dsts.len() as i32, n as u64);
         let code: i32 = match op {
@@ -398,9 +450,10 @@ impl GpuStream {
             .arg(&n64)
             .arg(&code)
             .arg(&world);
-        // SAFETY: reduce_T(const u64* srcs, int nsrc, const u64* dsts, int ndst, u64 n, int
-        // op, float world): the tables hold nsrc and ndst addresses of ranges of n elements
-        // of T, which the callers keep alive and guarded until the launch is queued.
+        // SAFETY: reduce_T(BufferTable srcs, int nsrc, BufferTable dsts, int ndst, u64 n,
+        // int op, float world), the tables passed by value (64 addresses each): their
+        // first nsrc and ndst entries are addresses of ranges of n elements of T, which
+        // the callers keep alive and guarded until the launch is queued.
         unsafe { launch.launch(launch_config(blocks(n, 4))) }
             .map(|_| ())
             .map_err(driver("launch reduce"))

@@ -23,10 +23,24 @@ struct F16 {
     static __device__ __forceinline__ T store(float x) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
     static __device__ __forceinline__ bool finite(T x) { return (x & 0x7c00u) != 0x7c00u; }
 };
+// f32 -> bf16, round to nearest even. sm_80 and newer have the instruction; below that
+// (sm_75) the CPU's branch-free rounding (dtype.rs, bf16_from_f32_rne): NaN kept and
+// made quiet, overflow to inf.
+__device__ __forceinline__ u16 bf16_rne(float x) {
+#if __CUDA_ARCH__ >= 800
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    const u32 b = f32_to_bits(x);
+    const u16 rounded = (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    return ((b & 0x7fffffffu) > 0x7f800000u) ? (u16)((b >> 16) | 0x40u) : rounded;
+#endif
+}
 struct BF16 {
     typedef u16 T;
     static __device__ __forceinline__ float load(T x) { return bits_to_f32(((u32)x) << 16); }
-    static __device__ __forceinline__ T store(float x) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+    static __device__ __forceinline__ T store(float x) { return bf16_rne(x); }
     static __device__ __forceinline__ bool finite(T x) { return (x & 0x7f80u) != 0x7f80u; }
 };
 

@@ -1,10 +1,10 @@
 // Multi-tensor flatten / unflatten in one launch. `table` (in device memory) holds one
 // entry per copy: source, destination, length, and the first block that works on it.
 // Block b finds its entry by binary search over first_block, then copies its chunk of
-// CHUNK elements with the cast fused in; groups of 8 elements move as 16-byte vectors
-// (one uint4 of 16-bit values, two float4 of f32) when the pointers allow. The host fills
-// padding with entries whose source is a buffer of zeros (a branch for it here made ptxas
-// spill).
+// CHUNK elements: with the cast fused in, in groups of 8 elements moved as 16-byte vectors
+// (one uint4 of 16-bit values, two float4 of f32) when the pointers allow; between equal
+// types, as raw 16-byte words (the bits unchanged). The host fills padding with entries
+// whose source is a buffer of zeros (a branch for it here made ptxas spill).
 
 #define FLATTEN_THREADS 256
 #define CHUNK (FLATTEN_THREADS * 8 * 4)
@@ -36,14 +36,35 @@ __device__ __forceinline__ void store8(u16* p, const u16* v) {
                                 v[4] | ((u32)v[5] << 16), v[6] | ((u32)v[7] << 16));
 }
 
-template <typename S, typename D>
-__device__ void copy_impl(const CopyEntry* table, int entries) {
+// The table entry of this block.
+__device__ __forceinline__ CopyEntry find_entry(const CopyEntry* table, int entries) {
     int lo = 0, hi = entries - 1;
     while (lo < hi) {  // the last entry whose first_block <= blockIdx.x
         const int mid = (lo + hi + 1) / 2;
         if (table[mid].first_block <= blockIdx.x) lo = mid; else hi = mid - 1;
     }
-    const CopyEntry e = table[lo];
+    return table[lo];
+}
+
+// Between equal types: the chunk's bytes, 16 at a time where both pointers allow.
+template <typename E>
+__device__ void copy_same_impl(const CopyEntry* table, int entries) {
+    const CopyEntry e = find_entry(table, entries);
+    const u64 start = (blockIdx.x - e.first_block) * (u64)CHUNK;
+    if (start >= e.len) return;
+    const u64 len = (e.len - start < (u64)CHUNK) ? e.len - start : (u64)CHUNK;
+    const typename E::T* src = (const typename E::T*)e.src + start;
+    typename E::T* dst = (typename E::T*)e.dst + start;
+    const u64 per_word = 16 / sizeof(typename E::T);
+    const bool vec = ((((u64)src) | ((u64)dst)) & 15) == 0;
+    const u64 words = vec ? len / per_word : 0;
+    for (u64 w = threadIdx.x; w < words; w += FLATTEN_THREADS) ((uint4*)dst)[w] = ((const uint4*)src)[w];
+    for (u64 i = words * per_word + threadIdx.x; i < len; i += FLATTEN_THREADS) dst[i] = src[i];
+}
+
+template <typename S, typename D>
+__device__ void copy_impl(const CopyEntry* table, int entries) {
+    const CopyEntry e = find_entry(table, entries);
     const u64 start = (blockIdx.x - e.first_block) * (u64)CHUNK;
     if (start >= e.len) return;
     const u64 len = (e.len - start < (u64)CHUNK) ? e.len - start : (u64)CHUNK;
@@ -62,11 +83,13 @@ __device__ void copy_impl(const CopyEntry* table, int entries) {
     for (u64 i = groups * 8 + threadIdx.x; i < len; i += FLATTEN_THREADS) dst[i] = D::store(S::load(src[i]));
 }
 
+#define COPY_SAME(NAME, E) \
+    extern "C" __global__ void __launch_bounds__(FLATTEN_THREADS) NAME(const CopyEntry* table, int entries) { copy_same_impl<E>(table, entries); }
 #define COPY(NAME, S, D) \
     extern "C" __global__ void __launch_bounds__(FLATTEN_THREADS) NAME(const CopyEntry* table, int entries) { copy_impl<S, D>(table, entries); }
-COPY(copy_f32_f32, F32, F32)
-COPY(copy_f16_f16, F16, F16)
-COPY(copy_bf16_bf16, BF16, BF16)
+COPY_SAME(copy_f32_f32, F32)
+COPY_SAME(copy_f16_f16, F16)
+COPY_SAME(copy_bf16_bf16, BF16)
 COPY(copy_f32_f16, F32, F16)
 COPY(copy_f32_bf16, F32, BF16)
 COPY(copy_f16_f32, F16, F32)

@@ -8,7 +8,7 @@ pub mod nvrtc;
 
 pub use loader::{load_library, LoadError, LoadedLibrary};
 
-/// `cudarc`, the safe CUDA driver and NVRTC layer the other crates use. Call
-/// [`driver::library`] or [`nvrtc::library`] before it: `cudarc` panics on a missing
-/// library, those return an error.
+/// `cudarc`, the safe CUDA driver layer the other crates use. Call [`driver::library`]
+/// before it: `cudarc` panics on a missing library, that returns an error. NVRTC is called
+/// through [`nvrtc::Nvrtc`], never through `cudarc`'s own loader.
 pub use cudarc;

@@ -74,6 +74,37 @@ impl NcclOp {
     }
 }
 
+/// `NCCL_CONFIG_INITIALIZER` of the bindings' `nccl.h` with `blocking = 0`: the header
+/// (size, magic, version) and every other field "undefined" (`INT_MIN` or null), so NCCL
+/// uses its defaults. A newer NCCL reads `size` and `version` and defaults the fields this
+/// header does not have; CI checks size, magic and field offsets against the headers of
+/// the NCCL wheels it installs.
+pub fn nonblocking_config() -> b::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    b::ncclConfig_t {
+        size: std::mem::size_of::<b::ncclConfig_t>(),
+        magic: CONFIG_MAGIC,
+        version: b::NCCL_VERSION_CODE,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
+/// The magic number of `NCCL_CONFIG_INITIALIZER`.
+pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
 macro_rules! sym {
     ($self:expr, $name:ident) => {
         $self
@@ -107,27 +138,7 @@ impl Nccl {
         rank: usize,
     ) -> Result<RawComm, NcclError> {
         let f = sym!(self, ncclCommInitRankConfig);
-        // NCCL_CONFIG_INITIALIZER: every field undefined (INT_MIN / null) but the header.
-        const UNDEF: i32 = i32::MIN;
-        let mut config = b::ncclConfig_t {
-            size: std::mem::size_of::<b::ncclConfig_t>(),
-            magic: 0xcafe_beef,
-            version: b::NCCL_VERSION_CODE,
-            blocking: 0,
-            cgaClusterSize: UNDEF,
-            minCTAs: UNDEF,
-            maxCTAs: UNDEF,
-            netName: std::ptr::null(),
-            splitShare: UNDEF,
-            trafficClass: UNDEF,
-            commName: std::ptr::null(),
-            collnetEnable: UNDEF,
-            CTAPolicy: UNDEF,
-            shrinkShare: UNDEF,
-            nvlsCTAs: UNDEF,
-            nChannelsPerNetPeer: UNDEF,
-            nvlinkCentricSched: UNDEF,
-        };
+        let mut config = nonblocking_config();
         let id = b::ncclUniqueId {
             internal: id.map(|x| x as std::os::raw::c_char),
         };

@@ -13,11 +13,49 @@ pub mod bindings;
 mod comm;
 mod polled;
 
-pub use comm::{NcclOp, NcclType, UNIQUE_ID_BYTES};
+pub use comm::{nonblocking_config, NcclOp, NcclType, CONFIG_MAGIC, UNIQUE_ID_BYTES};
 pub use polled::PolledComm;
 
 use crate::{load_library, LoadError};
 use std::sync::OnceLock;
+
+/// Declares the NCCL entry points zero calls: [`SYMBOLS_USED`] and
+/// [`Nccl::missing_symbols`] come from the same list.
+macro_rules! symbols_used {
+    ($($name:ident),* $(,)?) => {
+        /// Every NCCL entry point zero calls (CI checks each resolves in old and new NCCL
+        /// wheels, cu12 and cu13).
+        pub const SYMBOLS_USED: &[&str] = &[$(stringify!($name)),*];
+
+        impl Nccl {
+            /// The entry points of [`SYMBOLS_USED`] this library lacks.
+            pub fn missing_symbols(&self) -> Vec<&'static str> {
+                let mut missing = Vec::new();
+                $(
+                    if self.lib.$name.is_err() {
+                        missing.push(stringify!($name));
+                    }
+                )*
+                missing
+            }
+        }
+    };
+}
+
+symbols_used!(
+    ncclGetVersion,
+    ncclGetErrorString,
+    ncclGetUniqueId,
+    ncclCommInitRankConfig,
+    ncclCommGetAsyncError,
+    ncclCommAbort,
+    ncclCommFinalize,
+    ncclCommDestroy,
+    ncclAllReduce,
+    ncclReduceScatter,
+    ncclAllGather,
+    ncclBroadcast,
+);
 
 /// Names tried when `ZERO_NCCL_LIB` is not set.
 pub const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];

@@ -12,7 +12,7 @@
 //! Without a GPU (or, for the NCCL test, without libnccl) each test prints a visible skip.
 
 use std::time::Duration;
-use zero_comm::nccl::{LaunchEnv, NcclComm};
+use zero_comm::nccl::{LaunchEnv, Launcher, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_kernels::testing::gpu_or_skip;
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
@@ -142,6 +142,7 @@ fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
         local_rank: 0,
         master_addr: "127.0.0.1".into(),
         port,
+        launcher: Launcher::RankVariables,
     };
     for stage in 0..=3 {
         for precision in ["fp32", "bf16"] {

@@ -1,19 +1,14 @@
-//! Bootstrap from the launcher's environment and a TCP rendezvous that hands every rank
-//! rank 0's NCCL unique id.
+//! A TCP rendezvous that hands every rank rank 0's NCCL unique id.
 //!
-//! `torchrun` and the DeepSpeed launcher set `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//! `MASTER_ADDR` and `MASTER_PORT`. Rank 0 listens on the rendezvous port; every other
-//! rank connects (retrying until the deadline) and says who it is: a magic word, the
-//! protocol version, its rank and the world size it was launched with. Once all have
-//! arrived, rank 0 checks them (ranks unique and in range, world sizes equal) and sends
-//! each the id, or the reason it refuses. Any rank that does not arrive, or arrives with a
-//! mismatch, makes every rank return an error naming it by the deadline (plus
-//! [`VERDICT_GRACE`] for rank 0's answer to travel); none hangs.
-//!
-//! The port: `ZERO_RENDEZVOUS_PORT` if set; else `MASTER_PORT + 1` under `torchrun`
-//! (whose agent already serves its own store on `MASTER_PORT`, which it says by setting
-//! `TORCHELASTIC_USE_AGENT_STORE`); else `MASTER_PORT`.
+//! Rank 0 listens on the rendezvous port ([`LaunchEnv::port`]); every other rank connects
+//! (retrying until the deadline) and says who it is: a magic word, the protocol version,
+//! its rank and the world size it was launched with. Once all have arrived, rank 0 checks
+//! them (ranks unique and in range, world sizes equal) and sends each the id, or the
+//! reason it refuses. Any rank that does not arrive, or arrives with a mismatch, makes
+//! every rank return an error naming it by the deadline (plus [`VERDICT_GRACE`] for rank
+//! 0's answer to travel); none hangs.
 
+use super::launch::{BootstrapError, LaunchEnv};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -24,135 +19,6 @@ const MAGIC: &[u8; 4] = b"ZERO";
 const VERSION: u32 = 1;
 /// How long past its deadline a rank waits for rank 0's verdict.
 pub const VERDICT_GRACE: Duration = Duration::from_secs(1);
-
-/// Bootstrap failed; every variant names what to fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BootstrapError {
-    /// A launcher variable is missing.
-    #[error("{0} is not set: launch with torchrun or the deepspeed launcher, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")]
-    Missing(&'static str),
-    /// A launcher variable does not parse or is out of range.
-    #[error("{var}={value}: {reason}")]
-    Invalid {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The rendezvous did not complete.
-    #[error("rendezvous at {addr} (rank {rank} of {world}): {reason}")]
-    Rendezvous {
-        /// `host:port`.
-        addr: String,
-        /// This rank.
-        rank: usize,
-        /// The world size.
-        world: usize,
-        /// What went wrong.
-        reason: String,
-    },
-}
-
-/// Where this process sits in the job, as the launcher said.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaunchEnv {
-    /// Global rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world_size: usize,
-    /// Rank on this node (the GPU it uses).
-    pub local_rank: usize,
-    /// Rank 0's host.
-    pub master_addr: String,
-    /// The rendezvous port (see the module docs).
-    pub port: u16,
-}
-
-impl LaunchEnv {
-    /// Reads the launcher's variables from the process environment.
-    pub fn from_env() -> Result<Self, BootstrapError> {
-        Self::from_vars(|k| std::env::var(k).ok())
-    }
-
-    /// Reads them through `get` (the environment, or a map in tests).
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, BootstrapError> {
-        let num = |var: &'static str| -> Result<usize, BootstrapError> {
-            let v = get(var).ok_or(BootstrapError::Missing(var))?;
-            v.trim().parse().map_err(|e| BootstrapError::Invalid {
-                var,
-                value: v.clone(),
-                reason: format!("not a non-negative integer ({e})"),
-            })
-        };
-        let world_size = num("WORLD_SIZE")?;
-        if world_size == 0 {
-            return Err(BootstrapError::Invalid {
-                var: "WORLD_SIZE",
-                value: "0".into(),
-                reason: "needs at least one rank".into(),
-            });
-        }
-        let rank = num("RANK")?;
-        if rank >= world_size {
-            return Err(BootstrapError::Invalid {
-                var: "RANK",
-                value: rank.to_string(),
-                reason: format!("must be below WORLD_SIZE={world_size}"),
-            });
-        }
-        let local_rank = num("LOCAL_RANK")?;
-        let master_addr = get("MASTER_ADDR").ok_or(BootstrapError::Missing("MASTER_ADDR"))?;
-        let master_port = num("MASTER_PORT")?;
-        let (var, port) = match get("ZERO_RENDEZVOUS_PORT") {
-            Some(p) => {
-                let v = p
-                    .trim()
-                    .parse::<usize>()
-                    .map_err(|e| BootstrapError::Invalid {
-                        var: "ZERO_RENDEZVOUS_PORT",
-                        value: p.clone(),
-                        reason: e.to_string(),
-                    })?;
-                ("ZERO_RENDEZVOUS_PORT", v)
-            }
-            None if get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True") => {
-                ("MASTER_PORT", master_port + 1)
-            }
-            None => ("MASTER_PORT", master_port),
-        };
-        let port =
-            u16::try_from(port)
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| BootstrapError::Invalid {
-                    var,
-                    value: port.to_string(),
-                    reason: "not a TCP port (1-65535)".into(),
-                })?;
-        Ok(LaunchEnv {
-            rank,
-            world_size,
-            local_rank,
-            master_addr,
-            port,
-        })
-    }
-
-    fn addr(&self) -> String {
-        format!("{}:{}", self.master_addr, self.port)
-    }
-
-    fn error(&self, reason: impl Into<String>) -> BootstrapError {
-        BootstrapError::Rendezvous {
-            addr: self.addr(),
-            rank: self.rank,
-            world: self.world_size,
-            reason: reason.into(),
-        }
-    }
-}
 
 /// Exchanges rank 0's `id` with every rank within `timeout`; rank 0 passes its id, the
 /// others `None`. Returns the id on every rank.

@@ -18,7 +18,8 @@
 //! divide by the world size, the pieces are staged through padded buffers. Results are
 //! NCCL's (its summation order, its `Max`), not bit-identical to the host group's.
 
-use super::bootstrap::{rendezvous, LaunchEnv};
+use super::bootstrap::rendezvous;
+use super::launch::LaunchEnv;
 use crate::op::{even_split, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use std::cell::Cell;

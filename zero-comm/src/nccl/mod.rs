@@ -2,6 +2,8 @@
 
 pub mod bootstrap;
 mod comm;
+pub mod launch;
 
-pub use bootstrap::{rendezvous, BootstrapError, LaunchEnv};
+pub use bootstrap::rendezvous;
 pub use comm::{NcclComm, NcclWork};
+pub use launch::{first_host, BootstrapError, LaunchEnv, Launcher};

@@ -64,6 +64,10 @@ struct Args {
     /// Hidden width of the model's two hidden layers.
     #[arg(long, default_value_t = 1280)]
     hidden: usize,
+    /// The local rank, as the deepspeed launcher passes it (`--local_rank=N`, unless it is
+    /// given `--no_local_rank`); it must agree with the launcher's environment.
+    #[arg(long = "local_rank", alias = "local-rank")]
+    local_rank: Option<usize>,
 }
 
 const DEFAULT_CONFIG: &str = r#"{
@@ -88,19 +92,25 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    // Under torchrun or the deepspeed launcher: one rank per process, over NCCL.
-    let launch = match std::env::var("RANK") {
-        Ok(_) => {
-            let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-            if args.device != DeviceArg::Cuda {
-                return Err(format!(
-                    "launched as rank {} of {}: one rank per process runs over NCCL, so pass --device cuda (CPU ranks run in one process with --ranks N)",
-                    env.rank, env.world_size
-                ));
-            }
-            Some(env)
+    // Under torchrun, the deepspeed launcher, srun or mpirun: one rank per process, over
+    // NCCL.
+    let launch = if LaunchEnv::launched() {
+        let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
+        if let Some(flag) = args.local_rank.filter(|&l| l != env.local_rank) {
+            return Err(format!(
+                "--local_rank={flag} disagrees with the launcher's local rank {} ({:?})",
+                env.local_rank, env.launcher
+            ));
         }
-        Err(_) => None,
+        if args.device != DeviceArg::Cuda {
+            return Err(format!(
+                "launched as rank {} of {} ({:?}): one rank per process runs over NCCL, so pass --device cuda (CPU ranks run in one process with --ranks N)",
+                env.rank, env.world_size, env.launcher
+            ));
+        }
+        Some(env)
+    } else {
+        None
     };
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());

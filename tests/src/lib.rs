@@ -357,3 +357,41 @@ pub fn mlp_config(stage: u8, precision: &str, accum: usize, clip: f32, overlap: 
 
 /// The micro-batch per rank of [`mlp_config`].
 pub const MICRO_BATCH: usize = 2;
+
+/// Every rank's fp32 optimizer state, consolidated by parameter name: `(master, exp_avg,
+/// exp_avg_sq)` as bit patterns, each parameter whole.
+pub type Consolidated = std::collections::BTreeMap<String, [Vec<u32>; 3]>;
+
+/// Consolidates the ranks' [`zero_runtime::StatePiece`]s (each rank's
+/// `Engine::optimizer_state()`), checking they cover every element once.
+pub fn consolidate(ranks: &[Vec<zero_runtime::StatePiece>]) -> Consolidated {
+    let mut out: std::collections::BTreeMap<String, [Vec<Option<u32>>; 3]> = Default::default();
+    for pieces in ranks {
+        for p in pieces {
+            let e = out.entry(p.name.clone()).or_default();
+            for (k, vals) in [&p.master, &p.exp_avg, &p.exp_avg_sq]
+                .into_iter()
+                .enumerate()
+            {
+                if e[k].len() < p.elements.end {
+                    e[k].resize(p.elements.end, None);
+                }
+                for (i, v) in p.elements.clone().zip(vals) {
+                    assert!(e[k][i].is_none(), "{}[{i}] held twice", p.name);
+                    e[k][i] = Some(v.to_bits());
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(name, parts)| {
+            let whole = parts.map(|v| {
+                v.into_iter()
+                    .enumerate()
+                    .map(|(i, x)| x.unwrap_or_else(|| panic!("{name}[{i}] held by no rank")))
+                    .collect()
+            });
+            (name, whole)
+        })
+        .collect()
+}

@@ -73,6 +73,32 @@ impl Device for CudaDevice {
         self.stream.download_f32(src, range).map_err(device_error)
     }
 
+    fn download_f32_into(
+        &self,
+        src: &GpuBuffer,
+        range: Range<usize>,
+        dst: &mut [f32],
+    ) -> Result<(), EngineError> {
+        // The f32 state streams into the caller's (I/O) buffer through a pinned chunk;
+        // 16-bit buffers go through a device-side widening copy first.
+        if src.dtype() == DType::F32 {
+            let view = src.view::<f32>(range).map_err(device_error)?;
+            return self
+                .stream
+                .download_pinned(&view, dst)
+                .map_err(device_error);
+        }
+        let n = range.len();
+        let mut wide = self.stream.zeros(DType::F32, n).map_err(device_error)?;
+        self.stream
+            .copy(src, range, &mut wide, 0)
+            .map_err(device_error)?;
+        let view = wide.view::<f32>(0..n).map_err(device_error)?;
+        self.stream
+            .download_pinned(&view, dst)
+            .map_err(device_error)
+    }
+
     fn add_f32(&self, dst: &mut GpuBuffer, offset: usize, src: &[f32]) -> Result<(), EngineError> {
         // The convenience path: read, add on the host (the same f32 sum and rounding as
         // the host device), write back. GPU trainers write into grad_buffer_mut instead.

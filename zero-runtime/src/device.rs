@@ -45,7 +45,19 @@ pub trait Device: Send {
         &self,
         src: &Self::Buffer,
         range: Range<usize>,
-    ) -> Result<Vec<f32>, EngineError>;
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut out = vec![0f32; range.len()];
+        self.download_f32_into(src, range, &mut out)?;
+        Ok(out)
+    }
+    /// Reads `src[range]` into `dst` (of the same length) as `f32`, with no allocation of
+    /// its own: what a checkpoint save streams through its I/O buffer.
+    fn download_f32_into(
+        &self,
+        src: &Self::Buffer,
+        range: Range<usize>,
+        dst: &mut [f32],
+    ) -> Result<(), EngineError>;
     /// `dst[offset..] = round(dst[offset..] + src)`, the sum in `f32` (a trainer's
     /// gradient added in).
     fn add_f32(
@@ -164,11 +176,15 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    fn download_f32(&self, src: &HostBuffer, range: Range<usize>) -> Result<Vec<f32>, EngineError> {
+    fn download_f32_into(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut [f32],
+    ) -> Result<(), EngineError> {
         range_check("download", &range, src.len())?;
-        let mut out = vec![0f32; range.len()];
-        with_slice!(src, s => copy_typed(&s[range.clone()], &mut out)?);
-        Ok(out)
+        with_slice!(src, s => copy_typed(&s[range.clone()], dst)?);
+        Ok(())
     }
 
     fn add_f32(&self, dst: &mut HostBuffer, offset: usize, src: &[f32]) -> Result<(), EngineError> {

@@ -56,6 +56,9 @@ pub enum EngineError {
     /// The device failed (a CUDA driver error, out of memory, no GPU).
     #[error("device error: {0}")]
     Device(String),
+    /// A checkpoint could not be saved or loaded.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// A broken invariant inside the engine (a bug, reported rather than panicked on).
     #[error("internal error: {0}")]
     Internal(String),

@@ -1,21 +1,24 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 mod cuda_device;
 pub mod device;
 pub mod engine;
 mod error;
+pub mod io;
 pub mod model;
 pub mod plan;
 pub mod scaler;
 pub mod schedule;
 
+pub use checkpoint::{CheckpointError, LoadOptions};
 pub use config::{ConfigError, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
 pub use device::{Device, HostDevice};
 pub use engine::{
-    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StepOutcome, Timings,
+    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StatePiece, StepOutcome, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

@@ -40,7 +40,59 @@ struct Dynamic {
     cur_hysteresis: u64,
 }
 
+/// The loss scaler's state, as a checkpoint records it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScalerState {
+    /// The current scale.
+    pub scale: f64,
+    /// Dynamic scaling only: its counters.
+    pub dynamic: Option<DynamicState>,
+}
+
+/// The dynamic loss scaler's counters (the good-step count since the last overflow is
+/// `cur_iter - last_overflow_iter - 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicState {
+    /// `cur_iter`.
+    pub cur_iter: i64,
+    /// `last_overflow_iter`.
+    pub last_overflow_iter: i64,
+    /// `cur_hysteresis`.
+    pub cur_hysteresis: u64,
+}
+
 impl LossScaler {
+    /// Its state.
+    pub fn state(&self) -> ScalerState {
+        ScalerState {
+            scale: self.cur_scale,
+            dynamic: self.dynamic.as_ref().map(|d| DynamicState {
+                cur_iter: d.cur_iter,
+                last_overflow_iter: d.last_overflow_iter,
+                cur_hysteresis: d.cur_hysteresis,
+            }),
+        }
+    }
+
+    /// Takes `state` (a checkpoint's) where it is of the same kind (dynamic or static);
+    /// returns whether it did.
+    pub fn restore(&mut self, state: &ScalerState) -> bool {
+        match (&mut self.dynamic, &state.dynamic) {
+            (Some(d), Some(s)) => {
+                d.cur_iter = s.cur_iter;
+                d.last_overflow_iter = s.last_overflow_iter;
+                d.cur_hysteresis = s.cur_hysteresis;
+                self.cur_scale = state.scale;
+                true
+            }
+            (None, None) => {
+                self.cur_scale = state.scale;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The scaler a precision calls for: dynamic for fp16 with `loss_scale` 0, static
     /// otherwise.
     pub fn new(precision: &Precision) -> Self {

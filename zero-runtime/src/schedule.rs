@@ -90,6 +90,16 @@ impl LrSchedule {
         }
     }
 
+    /// Its position: DeepSpeed's `last_batch_iteration`.
+    pub fn last_batch_iteration(&self) -> i64 {
+        self.last_batch_iteration
+    }
+
+    /// Moves to a saved position.
+    pub fn set_last_batch_iteration(&mut self, it: i64) {
+        self.last_batch_iteration = it;
+    }
+
     /// Advances after a step that was taken (DeepSpeed does not advance on skipped steps).
     pub fn advance(&mut self) {
         self.last_batch_iteration += 1;

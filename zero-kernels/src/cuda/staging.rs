@@ -72,3 +72,56 @@ impl TableStaging {
         Ok(dev)
     }
 }
+
+/// Elements of the pinned buffer large downloads go through (16 MiB of `f32`).
+const DOWNLOAD_CHUNK: usize = 4 << 20;
+
+/// One pinned buffer for large device-to-host `f32` copies (a checkpoint save): the DMA
+/// lands in pinned memory at full PCIe speed, then one host copy moves it out, chunk after
+/// chunk, so the pinned memory held stays at [`DOWNLOAD_CHUNK`] elements.
+#[derive(Debug, Default)]
+pub(crate) struct DownloadStaging {
+    buf: Mutex<Option<PinnedHostSlice<f32>>>,
+}
+
+impl DownloadStaging {
+    /// Copies `src` into `dst` (equal lengths) through the pinned buffer; returns once
+    /// `dst` holds the data.
+    pub(crate) fn download(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &zero_sys::cudarc::driver::CudaView<'_, f32>,
+        dst: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let mut slot = self.buf.lock().map_err(|_| GpuError::Driver {
+            context: "download staging",
+            message: "a thread panicked while downloading".into(),
+        })?;
+        if slot.is_none() {
+            // SAFETY: f32 has no invalid bit patterns; every element read from the buffer
+            // below was first written by the copy into it.
+            let pinned = unsafe { stream.context().alloc_pinned::<f32>(DOWNLOAD_CHUNK) }
+                .map_err(driver("pinned alloc"))?;
+            *slot = Some(pinned);
+        }
+        let pinned = slot.as_mut().ok_or_else(|| GpuError::Driver {
+            context: "download staging",
+            message: "no pinned buffer".into(),
+        })?;
+        let mut at = 0;
+        while at < dst.len() {
+            let n = DOWNLOAD_CHUNK.min(dst.len() - at);
+            let piece = src.slice(at..at + n);
+            // A copy into pinned memory: truly asynchronous, then waited for below (the
+            // slot's event, recorded after the copy, is what as_slice waits on).
+            #[allow(clippy::disallowed_methods)]
+            stream
+                .memcpy_dtoh(&piece, pinned)
+                .map_err(driver("copy to host"))?;
+            let host = pinned.as_slice().map_err(driver("pinned staging"))?;
+            dst[at..at + n].copy_from_slice(&host[..n]);
+            at += n;
+        }
+        Ok(())
+    }
+}

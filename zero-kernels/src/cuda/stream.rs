@@ -13,7 +13,7 @@
 
 use super::buffer::{GpuBuffer, GpuElement};
 use super::gpu::{driver, Gpu, GpuError};
-use super::staging::TableStaging;
+use super::staging::{DownloadStaging, TableStaging};
 use crate::{with_gpu_type, DType, GradStats, KernelError};
 use std::ops::Range;
 use std::sync::Arc;
@@ -47,6 +47,7 @@ pub struct GpuStream {
     gpu: &'static Gpu,
     stream: Arc<CudaStream>,
     tables: Arc<TableStaging>,
+    downloads: Arc<DownloadStaging>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -81,6 +82,7 @@ impl GpuStream {
             gpu,
             stream,
             tables: Arc::default(),
+            downloads: Arc::default(),
         }
     }
 
@@ -167,6 +169,18 @@ impl GpuStream {
             .memcpy_dtoh(src, dst)
             .map_err(driver("copy to host"))?;
         self.synchronize()
+    }
+
+    /// Copies a large `f32` view to the host through a pinned chunk (full-speed DMA, then
+    /// one host copy), so memory held stays at one chunk whatever `src`'s size; returns
+    /// once `dst` holds the data.
+    pub fn download_pinned(
+        &self,
+        src: &CudaView<'_, f32>,
+        dst: &mut [f32],
+    ) -> Result<(), GpuError> {
+        check_same_len("download: dst", src.len(), dst.len())?;
+        self.downloads.download(&self.stream, src, dst)
     }
 
     /// Writes host `f32` values into `dst[offset..]`, rounding to its type.

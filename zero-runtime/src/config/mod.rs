@@ -189,8 +189,36 @@ pub struct ZeroConfig {
     pub wall_clock_breakdown: bool,
     /// `steps_per_print`.
     pub steps_per_print: u64,
+    /// `checkpoint`.
+    pub checkpoint: CheckpointConfig,
     /// Keys accepted that have no effect in zero, each with why (print them).
     pub notes: Vec<String>,
+    /// The JSON this was parsed from (recorded in checkpoints).
+    pub source: Value,
+}
+
+/// `checkpoint.tag_validation`: what to do when the ranks' checkpoint tags differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagValidation {
+    /// Use rank 0's tag and say nothing.
+    Ignore,
+    /// Use rank 0's tag and print a warning naming the ranks whose tag differed (the
+    /// default, as DeepSpeed).
+    Warn,
+    /// Fail on every rank.
+    Fail,
+}
+
+/// The `checkpoint` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// `tag_validation` (`Ignore`, `Warn` or `Fail`; default `Warn`).
+    pub tag_validation: TagValidation,
+    /// `load_universal`: accepted; every zero checkpoint loads at any world size and stage.
+    pub load_universal: bool,
+    /// `use_node_local_storage`: each node writes its ranks' files to its own storage (a
+    /// load then needs the files of the ranks it reads on that node).
+    pub use_node_local_storage: bool,
 }
 
 const TOP: &[&str] = &[
@@ -205,6 +233,7 @@ const TOP: &[&str] = &[
     "zero_optimization",
     "wall_clock_breakdown",
     "steps_per_print",
+    "checkpoint",
 ];
 
 const ZERO_KEYS: &[&str] = &[
@@ -252,7 +281,6 @@ impl ZeroConfig {
             ("flops_profiler", json!({"enabled": false})),
             ("tensorboard", json!({"enabled": false})),
             ("wandb", json!({"enabled": false})),
-            ("checkpoint", json!({})),
             ("data_types", json!({})),
         ];
         let top = Obj::new("", v, TOP, &unsupported_top)?;
@@ -268,6 +296,7 @@ impl ZeroConfig {
         let scheduler = scheduler(&top, optimizer.adam.lr as f64)?;
         let precision = precision(&top)?;
         let zero = zero(&top, &mut notes)?;
+        let checkpoint = checkpoint(&top)?;
         Ok(Self {
             train_batch_size,
             micro_batch_per_rank: micro,
@@ -279,9 +308,40 @@ impl ZeroConfig {
             zero,
             wall_clock_breakdown: top.bool_or("wall_clock_breakdown", false)?,
             steps_per_print: top.count_or("steps_per_print", 10)?,
+            checkpoint,
             notes,
+            source: v.clone(),
         })
     }
+}
+
+fn checkpoint(top: &Obj) -> Result<CheckpointConfig, ConfigError> {
+    let empty = json!({});
+    let o = Obj::new(
+        "checkpoint",
+        top.get("checkpoint").unwrap_or(&empty),
+        &["tag_validation", "load_universal", "use_node_local_storage"],
+        &[("parallel_write", json!({"pipeline_stage": false}))],
+    )?;
+    let tag_validation = match o.str("tag_validation")? {
+        None => TagValidation::Warn,
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "ignore" => TagValidation::Ignore,
+            "warn" => TagValidation::Warn,
+            "fail" => TagValidation::Fail,
+            _ => {
+                return Err(o.invalid(
+                    "tag_validation",
+                    &format!("`{v}`: expected Ignore, Warn or Fail"),
+                ))
+            }
+        },
+    };
+    Ok(CheckpointConfig {
+        tag_validation,
+        load_universal: o.bool_or("load_universal", false)?,
+        use_node_local_storage: o.bool_or("use_node_local_storage", false)?,
+    })
 }
 
 fn given(o: &Obj, key: &str) -> Result<Option<u64>, ConfigError> {

@@ -15,12 +15,14 @@
 //! `K`, as DeepSpeed's `backward` does).
 
 mod buffers;
+mod checkpoint;
 mod gather;
 mod grads;
 mod report;
 mod step;
 mod views;
 
+pub use checkpoint::StatePiece;
 pub use report::{CommReport, MemoryReport, StepOutcome, Timings};
 
 use crate::config::{Precision, ZeroConfig};
@@ -137,6 +139,7 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     counters_at_step_start: CommCounters,
     last_step_comm: CommCounters,
     timings: report::Clock,
+    last_load_stats: crate::io::ReadStats,
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -257,6 +260,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             counters_at_step_start: CommCounters::default(),
             last_step_comm: CommCounters::default(),
             timings: report::Clock::default(),
+            last_load_stats: crate::io::ReadStats::default(),
         };
         engine.initialize(&mut init)?;
         Ok(engine)
@@ -368,6 +372,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The current loss scale.
     pub fn loss_scale(&self) -> f64 {
         self.scaler.scale()
+    }
+
+    /// The loss scaler (its full state: scale, hysteresis, iteration counters).
+    pub fn loss_scaler(&self) -> &LossScaler {
+        &self.scaler
     }
 
     /// What the trainer multiplies its loss by: the loss scale over the accumulation

@@ -1,0 +1,292 @@
+//! Consolidated weights in the Hugging Face layout: `model-0000k-of-0000n.safetensors`
+//! plus `model.safetensors.index.json`, each file's `__metadata__` `{"format": "pt"}`, at
+//! most `max_shard_bytes` per shard (a larger tensor gets a shard of its own). Written one
+//! tensor at a time: the most memory held is the largest tensor plus the I/O buffer.
+//!
+//! `zero-ckpt to-safetensors` exports a checkpoint's fp32 master weights this way (in
+//! fp32 or a 16-bit dtype); `Engine::save_16bit_model` writes the trained 16-bit weights.
+
+use super::format::{dtype_name, safetensors_header, TensorSpec};
+use super::resolve::{CheckpointDir, StateKind};
+use super::CheckpointError;
+use crate::io::{write_file, FileWriter, WrittenFile};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use zero_kernels::{bf16, cast, f16, DType};
+
+/// The index file's name.
+pub const INDEX: &str = "model.safetensors.index.json";
+
+/// Hugging Face's default shard size (`max_shard_size="5GB"`).
+pub const DEFAULT_MAX_SHARD: u64 = 5_000_000_000;
+
+/// Parses a size such as `5GB`, `500MB`, `10GiB` or `123` (bytes).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: f64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KIB" => 1024.0,
+        "MIB" => 1024.0 * 1024.0,
+        "GIB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let v = n * mult;
+    (v >= 1.0 && v.is_finite()).then_some(v as u64)
+}
+
+/// Cuts `tensors` (in order) into shards of at most `max_bytes` of data each.
+pub fn plan_shards(tensors: &[TensorSpec], max_bytes: u64) -> Vec<Vec<TensorSpec>> {
+    let mut shards: Vec<Vec<TensorSpec>> = Vec::new();
+    let mut size = 0u64;
+    for t in tensors {
+        let b = t.bytes() as u64;
+        if shards.is_empty() || (size > 0 && size + b > max_bytes) {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        if let Some(last) = shards.last_mut() {
+            last.push(t.clone());
+        }
+        size += b;
+    }
+    if shards.is_empty() {
+        shards.push(Vec::new());
+    }
+    shards
+}
+
+/// `values` rounded to `dtype`, as little-endian bytes into `dst` (of the right length).
+pub fn encode_into(values: &[f32], dtype: DType, dst: &mut [u8]) -> Result<(), CheckpointError> {
+    let bad = |e: String| CheckpointError::Io(format!("encoding {dtype}: {e}"));
+    match dtype {
+        DType::F32 => {
+            let d: &mut [f32] =
+                bytemuck::try_cast_slice_mut(dst).map_err(|e| bad(e.to_string()))?;
+            d.copy_from_slice(values);
+        }
+        DType::F16 => {
+            let d: &mut [f16] =
+                bytemuck::try_cast_slice_mut(dst).map_err(|e| bad(e.to_string()))?;
+            cast(values, d).map_err(|e| bad(e.to_string()))?;
+        }
+        DType::BF16 => {
+            let d: &mut [bf16] =
+                bytemuck::try_cast_slice_mut(dst).map_err(|e| bad(e.to_string()))?;
+            cast(values, d).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes tensors, in the order planned, into Hugging Face shards.
+#[derive(Debug)]
+pub struct HfWriter {
+    dir: PathBuf,
+    shards: Vec<Vec<TensorSpec>>,
+    buffer: usize,
+    shard: usize,
+    next: usize,
+    current: Option<FileWriter>,
+    written: Vec<WrittenFile>,
+    weight_map: BTreeMap<String, String>,
+    total: u64,
+}
+
+impl HfWriter {
+    /// Plans the shards of `tensors` under `dir` (created if needed).
+    pub fn new(
+        dir: &Path,
+        tensors: &[TensorSpec],
+        max_shard_bytes: u64,
+        buffer: usize,
+    ) -> Result<Self, CheckpointError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", dir.display())))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shards: plan_shards(tensors, max_shard_bytes),
+            buffer,
+            shard: 0,
+            next: 0,
+            current: None,
+            written: Vec::new(),
+            weight_map: BTreeMap::new(),
+            total: 0,
+        })
+    }
+
+    fn shard_name(&self, k: usize) -> String {
+        format!("model-{:05}-of-{:05}.safetensors", k + 1, self.shards.len())
+    }
+
+    /// Writes the next planned tensor, `name`, from its values in `f32` (rounded to the
+    /// planned dtype).
+    pub fn write_tensor(&mut self, name: &str, values: &[f32]) -> Result<(), CheckpointError> {
+        let spec = self
+            .shards
+            .get(self.shard)
+            .and_then(|s| s.get(self.next))
+            .cloned()
+            .ok_or_else(|| CheckpointError::Io(format!("`{name}` was not planned")))?;
+        if spec.name != name || spec.shape.iter().product::<usize>() != values.len() {
+            return Err(CheckpointError::Io(format!(
+                "`{name}` ({} values) written where `{}` {:?} was planned",
+                values.len(),
+                spec.name,
+                spec.shape
+            )));
+        }
+        if self.current.is_none() {
+            let file = self.shard_name(self.shard);
+            let mut w = FileWriter::create(&self.dir.join(&file), self.buffer)?;
+            let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+            w.write(&safetensors_header(&self.shards[self.shard], meta)?)?;
+            self.current = Some(w);
+        }
+        let size = spec.dtype.size_of();
+        let w = self
+            .current
+            .as_mut()
+            .ok_or_else(|| CheckpointError::Io("no shard open".into()))?;
+        w.write_with(spec.bytes(), |at, dst| {
+            let first = at / size;
+            encode_into(&values[first..first + dst.len() / size], spec.dtype, dst)
+        })?;
+        let file = self.shard_name(self.shard);
+        self.weight_map.insert(spec.name.clone(), file);
+        self.total += spec.bytes() as u64;
+        self.next += 1;
+        if self.next == self.shards[self.shard].len() {
+            self.close_shard()?;
+        }
+        Ok(())
+    }
+
+    fn close_shard(&mut self) -> Result<(), CheckpointError> {
+        if let Some(w) = self.current.take() {
+            self.written.push(w.finish()?);
+        }
+        self.shard += 1;
+        self.next = 0;
+        Ok(())
+    }
+
+    /// Finishes the last shard (an empty model still gets one) and writes the index; the
+    /// files written.
+    pub fn finish(mut self) -> Result<Vec<WrittenFile>, CheckpointError> {
+        if self.shard < self.shards.len() {
+            if self.shards[self.shard].len() != self.next {
+                return Err(CheckpointError::Io(format!(
+                    "{} of the planned tensors were not written",
+                    self.shards[self.shard].len() - self.next
+                )));
+            }
+            if self.current.is_none() && self.shards[self.shard].is_empty() {
+                let mut w = FileWriter::create(&self.dir.join(self.shard_name(0)), self.buffer)?;
+                let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+                w.write(&safetensors_header(&[], meta)?)?;
+                self.current = Some(w);
+            }
+            self.close_shard()?;
+        }
+        let index = serde_json::json!({
+            "metadata": {"total_size": self.total},
+            "weight_map": self.weight_map,
+        });
+        let text =
+            serde_json::to_vec_pretty(&index).map_err(|e| CheckpointError::Io(e.to_string()))?;
+        self.written.push(write_file(&self.dir.join(INDEX), &text)?);
+        Ok(self.written)
+    }
+}
+
+/// Exports checkpoint `ckpt`'s fp32 master weights (and frozen parameters) to `out` in
+/// `dtype`, every parameter whole under its name.
+pub fn export_safetensors(
+    ckpt: &mut CheckpointDir,
+    out: &Path,
+    dtype: DType,
+    max_shard_bytes: u64,
+    buffer: usize,
+) -> Result<Vec<WrittenFile>, CheckpointError> {
+    let params = ckpt.manifest.params.clone();
+    let specs: Vec<TensorSpec> = params
+        .iter()
+        .map(|p| TensorSpec {
+            name: p.name.clone(),
+            dtype,
+            shape: p.shape.clone(),
+        })
+        .collect();
+    let mut w = HfWriter::new(out, &specs, max_shard_bytes, buffer)?;
+    let mut values: Vec<f32> = Vec::new();
+    for p in &params {
+        if p.trainable {
+            values.clear();
+            values.resize(p.numel(), 0.0);
+            ckpt.read_state(p, StateKind::Master, 0..p.numel(), |at, v| {
+                values[at..at + v.len()].copy_from_slice(v);
+                Ok(())
+            })?;
+        } else {
+            values = ckpt.read_frozen(p)?;
+        }
+        w.write_tensor(&p.name, &values)?;
+    }
+    w.finish()
+}
+
+/// The dtype names the CLI takes.
+pub fn parse_dtype_arg(s: &str) -> Option<DType> {
+    match s.to_ascii_lowercase().as_str() {
+        "fp32" | "f32" | "float32" => Some(DType::F32),
+        "fp16" | "f16" | "float16" => Some(DType::F16),
+        "bf16" | "bfloat16" => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+/// For messages: the dtype as safetensors names it.
+pub fn dtype_label(d: DType) -> &'static str {
+    dtype_name(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_hugging_face_writes_them() {
+        assert_eq!(parse_size("5GB"), Some(5_000_000_000));
+        assert_eq!(parse_size("500MB"), Some(500_000_000));
+        assert_eq!(parse_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_size("1234"), Some(1234));
+        assert_eq!(parse_size("1.5 kb"), Some(1500));
+        assert_eq!(parse_size("5 parsecs"), None);
+        assert_eq!(parse_size("0"), None);
+    }
+
+    #[test]
+    fn shards_hold_at_most_the_limit_unless_one_tensor_is_larger() {
+        let t = |n: &str, k: usize| TensorSpec {
+            name: n.into(),
+            dtype: DType::F32,
+            shape: vec![k],
+        };
+        let plan = plan_shards(&[t("a", 10), t("b", 10), t("c", 30), t("d", 1)], 80);
+        let names: Vec<Vec<&str>> = plan
+            .iter()
+            .map(|s| s.iter().map(|t| t.name.as_str()).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+    }
+}

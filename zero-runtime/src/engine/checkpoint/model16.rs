@@ -1,0 +1,126 @@
+//! `save_16bit_model`: the trained weights in the run's 16-bit dtype, consolidated into
+//! one Hugging Face safetensors set by rank 0.
+
+use super::super::Engine;
+use super::agree::{clip, TEXT_MAX};
+use crate::checkpoint::export::{HfWriter, DEFAULT_MAX_SHARD};
+use crate::checkpoint::format::TensorSpec;
+use crate::checkpoint::CheckpointError;
+use crate::device::Device;
+use crate::io::{WrittenFile, DEFAULT_BUFFER};
+use crate::EngineError;
+use std::path::Path;
+use zero_comm::{Communicator, Completion};
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Writes the model's weights, in the run's 16-bit dtype (fp32 for an fp32 run), to
+    /// `dir` as `model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`
+    /// (shards of at most 5 GB), every parameter whole under its `module.param` name.
+    /// Every rank calls it; rank 0 writes. Under stage 3 the sharded parameters are
+    /// gathered bucket by bucket, which DeepSpeed asks to be enabled with
+    /// `stage3_gather_16bit_weights_on_model_save`; without it this is an error naming that
+    /// key. Returns the files written (on rank 0; empty elsewhere).
+    pub fn save_16bit_model(&mut self, dir: &Path) -> Result<Vec<WrittenFile>, EngineError> {
+        self.require_boundary("save_16bit_model")?;
+        if self.policy.shards_parameters() && !self.cfg.zero.gather_16bit_weights_on_model_save {
+            return Err(CheckpointError::Gather16.into());
+        }
+        let result = self.write_16bit(dir);
+        let verdict = self.broadcast_text(
+            &match &result {
+                Ok(_) => String::new(),
+                Err(e) => clip(&e.to_string(), TEXT_MAX).to_string(),
+            },
+            "saving the 16-bit model",
+        )?;
+        match result {
+            Err(e) => Err(e),
+            Ok(_) if !verdict.is_empty() => Err(CheckpointError::RankFailed {
+                rank: 0,
+                message: verdict,
+            }
+            .into()),
+            Ok(files) => Ok(files),
+        }
+    }
+
+    /// Rank 0 writes, bucket by bucket (a stage-3 bucket gathered on every rank first),
+    /// then the frozen parameters.
+    fn write_16bit(&mut self, dir: &Path) -> Result<Vec<WrittenFile>, EngineError> {
+        let mut order: Vec<usize> = Vec::with_capacity(self.param_count());
+        for plan in &self.plan.buckets {
+            order.extend(&plan.params);
+        }
+        let frozen = self.frozen_params();
+        order.extend(frozen.iter().map(|&(id, _)| id));
+        let mut writer = if self.rank == 0 {
+            let specs: Vec<TensorSpec> = order
+                .iter()
+                .map(|&id| TensorSpec {
+                    name: self.param_name(id),
+                    dtype: self.dtype,
+                    shape: self.param_spec(id).shape.clone(),
+                })
+                .collect();
+            Some(HfWriter::new(
+                dir,
+                &specs,
+                DEFAULT_MAX_SHARD,
+                DEFAULT_BUFFER,
+            )?)
+        } else {
+            None
+        };
+        // A write that fails must not stop rank 0 from joining the other ranks' gathers:
+        // the first failure is kept and returned at the end.
+        let mut failure: Option<EngineError> = None;
+        for b in 0..self.buckets.len() {
+            let layout = self.plan.buckets[b].layout.clone();
+            let gathered = if self.params_sharded(b) {
+                let own = self.buckets[b]
+                    .params
+                    .as_ref()
+                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+                let mut input = self.dev.zeros(self.dtype, layout.partition_len())?;
+                self.dev
+                    .copy(own, 0..layout.partition_len(), &mut input, 0)?;
+                let output = self.dev.zeros(self.dtype, layout.total_len())?;
+                let work = self.issue(
+                    |c| &mut c.param_gather,
+                    |comm| comm.all_gather(input, output),
+                )?;
+                Some(work.wait()?.1)
+            } else {
+                None
+            };
+            if let (Some(w), None) = (writer.as_mut(), &failure) {
+                let full = match &gathered {
+                    Some(g) => Some(g),
+                    None => self.buckets[b].params.as_ref(),
+                };
+                let wrote = full
+                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))
+                    .and_then(|full| {
+                        for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
+                            let values = self.dev.download_f32(full, layout.tensor_range(i))?;
+                            w.write_tensor(&self.param_name(id), &values)?;
+                        }
+                        Ok(())
+                    });
+                failure = wrote.err();
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let Some(mut w) = writer else {
+            return Ok(Vec::new());
+        };
+        for (id, offset) in frozen {
+            let n = self.param_spec(id).numel();
+            let values = self.dev.download_f32(&self.frozen, offset..offset + n)?;
+            w.write_tensor(&self.param_name(id), &values)?;
+        }
+        Ok(w.finish()?)
+    }
+}

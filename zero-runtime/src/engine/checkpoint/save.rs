@@ -1,0 +1,417 @@
+//! `save_checkpoint`: each rank streams its partition's fp32 state into its files; rank 0
+//! commits with the manifest, then `latest`.
+//!
+//! The commit protocol, so a crash never loses the last good checkpoint:
+//! 1. rank 0's tag goes to every rank;
+//! 2. every rank writes its files under temporary names, `fsync`s and renames them;
+//! 3. every rank's result (its files, sizes and checksums, or its error) reaches every
+//!    rank: one failure fails all, and nothing is committed;
+//! 4. rank 0 writes the manifest (temporary name, `fsync`, rename, `fsync` of the folder),
+//!    and only then `latest` the same way; its outcome reaches every rank.
+//!
+//! A tag without a manifest is invisible to load, so a crash anywhere before step 4 leaves
+//! `latest` naming the previous checkpoint, complete.
+
+use super::super::Engine;
+use super::agree::{clip, TEXT_MAX};
+use super::Piece;
+use crate::checkpoint::export::encode_into;
+use crate::checkpoint::format::{
+    dtype_name, moment_key, safetensors_header, FileEntry, FileKind, Fragment, IndexedFile,
+    Manifest, ParamEntry, RankIndex, Steps, TensorSpec, FORMAT, FORMAT_VERSION, LATEST, MANIFEST,
+};
+use crate::checkpoint::CheckpointError;
+use crate::config::{Precision, TagValidation};
+use crate::device::Device;
+use crate::io::{write_file, FileWriter, IoError, WrittenFile, CHUNK, DEFAULT_BUFFER};
+use crate::plan::ParamLoc;
+use crate::EngineError;
+use std::collections::HashMap;
+use std::path::Path;
+use zero_comm::Communicator;
+use zero_kernels::DType;
+
+/// A tag must name one folder.
+fn check_tag(tag: &str) -> Result<(), CheckpointError> {
+    if tag.is_empty()
+        || tag == "."
+        || tag == ".."
+        || tag.contains(['/', '\\', '\0'])
+        || tag.starts_with('.')
+        || tag.len() > 255
+    {
+        return Err(CheckpointError::Tag(format!(
+            "`{tag}` cannot be a folder name (no path separators, not empty, not starting with '.', at most 255 bytes)"
+        )));
+    }
+    Ok(())
+}
+
+fn entry(w: &WrittenFile, rank: usize, kind: FileKind) -> FileEntry {
+    FileEntry {
+        name: w
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        rank,
+        kind,
+        bytes: w.bytes,
+        crc32c: w.crc32c,
+    }
+}
+
+/// A name no earlier save used: the time, hashed with the process.
+fn new_save_id() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let h = crc32c::crc32c(format!("{t}-{}", std::process::id()).as_bytes());
+    format!("{:x}{h:08x}", t % 1_000_000_000)
+}
+
+/// The precision's name in the manifest.
+pub(super) fn precision_name(p: &Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Fp16(_) => "fp16",
+        Precision::Bf16 => "bf16",
+    }
+}
+
+/// A piece's elements as `f32` bytes, streamed from `buf` (`start` = where the buffer
+/// begins in the flat layout).
+fn stream_f32<D: Device>(
+    dev: &D,
+    w: &mut FileWriter,
+    buf: &D::Buffer,
+    range: std::ops::Range<usize>,
+) -> Result<(), EngineError> {
+    w.write_with(4 * range.len(), |at, dst| {
+        let vals: &mut [f32] = bytemuck::try_cast_slice_mut(dst)
+            .map_err(|e| EngineError::Internal(format!("I/O buffer not aligned for f32: {e}")))?;
+        let first = range.start + at / 4;
+        dev.download_f32_into(buf, first..first + vals.len(), vals)
+    })
+}
+
+impl From<IoError> for EngineError {
+    fn from(e: IoError) -> Self {
+        CheckpointError::from(e).into()
+    }
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Saves this rank's part of a checkpoint of the whole run to `dir/TAG/`, and, once
+    /// every rank's part is on disk, commits it (manifest, then `dir/latest`). Every rank
+    /// calls it at the same step boundary. `tag` defaults to `global_step{N}`; rank 0's is
+    /// the one used (`checkpoint.tag_validation` says what a differing tag on another rank
+    /// does). `client_state` comes back from [`load_checkpoint`](Self::load_checkpoint).
+    /// Returns the tag.
+    ///
+    /// Any rank's failure fails every rank, and the previous checkpoint stays `latest`.
+    pub fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        tag: Option<&str>,
+        client_state: serde_json::Value,
+    ) -> Result<String, EngineError> {
+        self.require_boundary("save_checkpoint")?;
+        let mine = tag
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("global_step{}", self.global_steps));
+        // Rank 0's tag, and a fresh name for this save's files, to every rank.
+        let told =
+            self.broadcast_text(&format!("{}\n{mine}", new_save_id()), "agreeing on the tag")?;
+        let (save_id, tag) = told.split_once('\n').unwrap_or(("", told.as_str()));
+        let (save_id, tag) = (save_id.to_string(), tag.to_string());
+        check_tag(&tag)?;
+        self.validate_tag(&mine, &tag)?;
+        let folder = dir.join(&tag);
+        let written = self.write_rank_files(&folder, &save_id);
+        // Each rank's files (name, bytes, crc32c) or its error, to every rank.
+        let record = match &written {
+            Ok(files) => serde_json::to_string(files).unwrap_or_default(),
+            Err(e) => format!("!{}", clip(&e.to_string(), TEXT_MAX - 1)),
+        };
+        let records = self.gather_texts(&record, "collecting every rank's saved files")?;
+        let failed = records
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.starts_with('!'))
+            .map(|(rank, r)| (rank, r[1..].to_string()));
+        if let Some((rank, message)) = failed {
+            if let Ok(files) = &written {
+                for f in files {
+                    let _ = std::fs::remove_file(folder.join(&f.name));
+                }
+            }
+            return Err(match written {
+                Err(e) => e,
+                Ok(_) => CheckpointError::RankFailed { rank, message }.into(),
+            });
+        }
+        let mut files = Vec::new();
+        for (rank, r) in records.iter().enumerate() {
+            let list: Vec<FileEntry> =
+                serde_json::from_str(r).map_err(|e| CheckpointError::RankFailed {
+                    rank,
+                    message: format!("its result did not arrive whole ({e})"),
+                })?;
+            files.extend(list);
+        }
+        let commit = if self.rank == 0 {
+            self.commit(dir, &tag, files, client_state)
+                .map_err(|e| e.to_string())
+        } else {
+            Ok(())
+        };
+        let verdict = self.broadcast_text(
+            commit.as_ref().err().map_or("", |e| clip(e, TEXT_MAX)),
+            "committing the checkpoint",
+        )?;
+        match commit {
+            Err(e) => Err(CheckpointError::Io(e).into()),
+            Ok(()) if !verdict.is_empty() => Err(CheckpointError::RankFailed {
+                rank: 0,
+                message: verdict,
+            }
+            .into()),
+            Ok(()) => {
+                self.remove_stale_files(&folder, &save_id);
+                Ok(tag)
+            }
+        }
+    }
+
+    /// After a commit under a tag that existed: this rank's files of earlier saves, which
+    /// the new manifest no longer lists.
+    fn remove_stale_files(&self, folder: &Path, save_id: &str) {
+        let mine = format!("rank{:05}-", self.rank);
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with(&mine) || (self.rank == 0 && name.starts_with("frozen-"));
+            if ours && !name.contains(save_id) && !name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// `checkpoint.tag_validation`: the ranks whose own tag differs from rank 0's.
+    fn validate_tag(&mut self, mine: &str, tag: &str) -> Result<(), EngineError> {
+        let mode = self.cfg.checkpoint.tag_validation;
+        if mode == TagValidation::Ignore {
+            return Ok(());
+        }
+        let flag = if mine == tag { "" } else { mine };
+        let all = self.gather_texts(flag, "comparing the ranks' tags")?;
+        let differ: Vec<String> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !t.is_empty())
+            .map(|(r, t)| format!("rank {r} `{t}`"))
+            .collect();
+        if differ.is_empty() {
+            return Ok(());
+        }
+        let msg = format!(
+            "rank 0's tag is `{tag}`, but {} (checkpoint.tag_validation)",
+            differ.join(", ")
+        );
+        match mode {
+            TagValidation::Fail => Err(CheckpointError::Tag(msg).into()),
+            _ => {
+                if self.rank == 0 {
+                    eprintln!("warning: {msg}; saving under `{tag}`");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes this rank's master, moments, (rank 0) frozen and index files.
+    fn write_rank_files(
+        &mut self,
+        folder: &Path,
+        save_id: &str,
+    ) -> Result<Vec<FileEntry>, EngineError> {
+        let name = |kind: FileKind| folder.join(kind.file_name(self.rank, save_id));
+        std::fs::create_dir_all(folder)
+            .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", folder.display())))?;
+        let mut pieces: Vec<(usize, Piece)> = Vec::new();
+        for b in 0..self.buckets.len() {
+            pieces.extend(
+                self.partition_pieces(b, self.rank)?
+                    .into_iter()
+                    .map(|p| (b, p)),
+            );
+        }
+        let meta = |kind: &str| {
+            HashMap::from([
+                ("format".to_string(), FORMAT.to_string()),
+                ("kind".to_string(), kind.to_string()),
+                ("rank".to_string(), self.rank.to_string()),
+                ("world_size".to_string(), self.world.to_string()),
+            ])
+        };
+        let spec = |name: String, len: usize| TensorSpec {
+            name,
+            dtype: DType::F32,
+            shape: vec![len],
+        };
+        let mut written: Vec<(WrittenFile, FileKind)> = Vec::new();
+
+        // Master weights.
+        let tensors: Vec<TensorSpec> = pieces
+            .iter()
+            .map(|(_, p)| spec(self.param_name(p.param), p.tensor_range.len()))
+            .collect();
+        let mut w = FileWriter::create(&name(FileKind::Master), DEFAULT_BUFFER)?;
+        w.write(&safetensors_header(&tensors, meta("master"))?)?;
+        for (b, p) in &pieces {
+            let start = self.opt_start(*b)?;
+            let r = p.flat_range.start - start..p.flat_range.end - start;
+            stream_f32(&self.dev, &mut w, &self.buckets[*b].opt.master, r)?;
+        }
+        written.push((w.finish()?, FileKind::Master));
+
+        // Moments: exp_avg then exp_avg_sq of each piece.
+        let tensors: Vec<TensorSpec> = pieces
+            .iter()
+            .flat_map(|(_, p)| {
+                let name = self.param_name(p.param);
+                let n = p.tensor_range.len();
+                [
+                    spec(moment_key(&name, "exp_avg"), n),
+                    spec(moment_key(&name, "exp_avg_sq"), n),
+                ]
+            })
+            .collect();
+        let mut w = FileWriter::create(&name(FileKind::Moments), DEFAULT_BUFFER)?;
+        w.write(&safetensors_header(&tensors, meta("moments"))?)?;
+        for (b, p) in &pieces {
+            let start = self.opt_start(*b)?;
+            let r = p.flat_range.start - start..p.flat_range.end - start;
+            let opt = &self.buckets[*b].opt;
+            stream_f32(&self.dev, &mut w, &opt.exp_avg, r.clone())?;
+            stream_f32(&self.dev, &mut w, &opt.exp_avg_sq, r)?;
+        }
+        written.push((w.finish()?, FileKind::Moments));
+
+        // Frozen parameters, whole, in the 16-bit dtype (rank 0).
+        let frozen = self.frozen_params();
+        if self.rank == 0 && !frozen.is_empty() {
+            let tensors: Vec<TensorSpec> = frozen
+                .iter()
+                .map(|&(id, _)| TensorSpec {
+                    name: self.param_name(id),
+                    dtype: self.dtype,
+                    shape: self.param_spec(id).shape.clone(),
+                })
+                .collect();
+            let mut w = FileWriter::create(&name(FileKind::Frozen), DEFAULT_BUFFER)?;
+            w.write(&safetensors_header(&tensors, meta("frozen"))?)?;
+            let size = self.dtype.size_of();
+            let mut vals: Vec<f32> = Vec::new();
+            for &(id, offset) in &frozen {
+                let n = self.param_spec(id).numel();
+                w.write_with(n * size, |at, dst| {
+                    let first = offset + at / size;
+                    vals.resize(dst.len() / size, 0.0);
+                    self.dev.download_f32_into(
+                        &self.frozen,
+                        first..first + vals.len(),
+                        &mut vals,
+                    )?;
+                    encode_into(&vals, self.dtype, dst).map_err(EngineError::from)
+                })?;
+            }
+            written.push((w.finish()?, FileKind::Frozen));
+        }
+
+        // The index: every file with its chunk checksums.
+        let index = RankIndex {
+            rank: self.rank,
+            chunk_bytes: CHUNK,
+            files: written
+                .iter()
+                .map(|(w, kind)| IndexedFile {
+                    entry: entry(w, self.rank, *kind),
+                    chunk_crc32c: w.chunk_crc32c.clone(),
+                })
+                .collect(),
+        };
+        let text = serde_json::to_vec(&index).map_err(|e| CheckpointError::Io(e.to_string()))?;
+        let idx = write_file(&name(FileKind::Index), &text)?;
+        let mut entries: Vec<FileEntry> = written
+            .iter()
+            .map(|(w, kind)| entry(w, self.rank, *kind))
+            .collect();
+        entries.push(entry(&idx, self.rank, FileKind::Index));
+        Ok(entries)
+    }
+
+    /// Rank 0: the manifest (crash-safe), then `latest`.
+    fn commit(
+        &self,
+        dir: &Path,
+        tag: &str,
+        files: Vec<FileEntry>,
+        client_state: serde_json::Value,
+    ) -> Result<(), EngineError> {
+        let mut params = Vec::with_capacity(self.param_count());
+        for id in 0..self.param_count() {
+            let spec = self.param_spec(id);
+            let fragments = match self.plan.locs[id] {
+                ParamLoc::Frozen { .. } => Vec::new(),
+                ParamLoc::Bucket { bucket, index } => self.plan.buckets[bucket]
+                    .layout
+                    .tensor_shards(index)?
+                    .into_iter()
+                    .filter(|s| !s.tensor_range.is_empty())
+                    .map(|s| Fragment {
+                        rank: s.rank,
+                        offset: s.tensor_range.start,
+                        len: s.tensor_range.len(),
+                    })
+                    .collect(),
+            };
+            params.push(ParamEntry {
+                name: self.param_name(id),
+                shape: spec.shape.clone(),
+                trainable: spec.trainable,
+                fragments,
+            });
+        }
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            tag: tag.into(),
+            stage: self.policy.stage,
+            world_size: self.world,
+            precision: precision_name(&self.cfg.precision).into(),
+            dtype: dtype_name(self.dtype).into(),
+            master_dtype: "F32".into(),
+            steps: Steps {
+                optimizer: self.optimizer_steps,
+                skipped: self.skipped_steps,
+                global: self.global_steps,
+            },
+            loss_scaler: self.scaler.state(),
+            lr_last_batch_iteration: self.schedule.last_batch_iteration(),
+            config: self.cfg.source.clone(),
+            client_state,
+            params,
+            files,
+        };
+        let text =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| CheckpointError::Io(e.to_string()))?;
+        write_file(&dir.join(tag).join(MANIFEST), &text)?;
+        write_file(&dir.join(LATEST), tag.as_bytes())?;
+        Ok(())
+    }
+}

@@ -79,8 +79,7 @@ impl FileWriter {
                 .name("zero-io-write".into())
                 .spawn(move || {
                     for job in jobs {
-                        let r = file
-                            .write_all_at(&job.buf.as_slice()[..job.len], job.offset)
+                        let r = write_fully(&file, &job.buf.as_slice()[..job.len], job.offset)
                             .map(|()| job.buf)
                             .map_err(os("writing", &tmp_path));
                         if done.send(r).is_err() {
@@ -257,6 +256,28 @@ impl Drop for FileWriter {
         self.stop_thread();
         if !self.finished {
             let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Writes all of `bytes` at `offset`. A short write (after which an `O_DIRECT` retry at an
+/// unaligned offset would fail with a misleading `EINVAL`) is reported as what it almost
+/// always is: a full disk or a file-size limit.
+fn write_fully(file: &std::fs::File, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    loop {
+        match file.write_at(bytes, offset) {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(n) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "only {n} of {} bytes at offset {offset} were written: the disk is full or a file-size limit was reached",
+                        bytes.len()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }

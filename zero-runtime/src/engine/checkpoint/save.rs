@@ -163,16 +163,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let commit = if self.rank == 0 {
             self.commit(dir, &tag, files, client_state)
-                .map_err(|e| e.to_string())
         } else {
             Ok(())
         };
-        let verdict = self.broadcast_text(
-            commit.as_ref().err().map_or("", |e| clip(e, TEXT_MAX)),
-            "committing the checkpoint",
-        )?;
+        let failure = commit
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let verdict = self.broadcast_text(clip(&failure, TEXT_MAX), "committing the checkpoint")?;
         match commit {
-            Err(e) => Err(CheckpointError::Io(e).into()),
+            Err(e) => Err(e),
             Ok(()) if !verdict.is_empty() => Err(CheckpointError::RankFailed {
                 rank: 0,
                 message: verdict,

@@ -4,6 +4,8 @@
 //! cargo run --release --example train                      # stage 3, 4 ranks, bf16, CPU
 //! cargo run --release --example train -- --compare-stages  # stages 0-3 side by side
 //! cargo run --release --example train -- --config ds_config.json --stage 2 --precision fp16
+//! cargo run --release --example train -- --steps 600 --save-dir ckpt --save-every 200
+//! cargo run --release --example train -- --ranks 3 --stage 2 --resume ckpt   # any world size and stage
 //! ```
 
 mod lm;
@@ -64,6 +66,19 @@ struct Args {
     /// Hidden width of the model's two hidden layers.
     #[arg(long, default_value_t = 1280)]
     hidden: usize,
+    /// Save a checkpoint to this folder (every `--save-every` steps, and at the end).
+    #[arg(long)]
+    save_dir: Option<PathBuf>,
+    /// Steps between checkpoints (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    save_every: usize,
+    /// Resume from the latest checkpoint in this folder (or `--resume-tag`'s), at any
+    /// world size and stage.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// The checkpoint tag to resume from (default: the one `latest` names).
+    #[arg(long, requires = "resume")]
+    resume_tag: Option<String>,
     /// The local rank, as the deepspeed launcher passes it (`--local_rank=N`, unless it is
     /// given `--no_local_rank`); it must agree with the launcher's environment.
     #[arg(long = "local_rank", alias = "local-rank")]
@@ -114,6 +129,9 @@ fn run(args: &Args) -> Result<(), String> {
     };
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
+    }
+    if args.compare_stages && (args.save_dir.is_some() || args.resume.is_some()) {
+        return Err("--compare-stages runs four separate trainings: it does not take --save-dir or --resume".into());
     }
     let world = launch.as_ref().map_or(args.ranks, |l| l.world_size);
     let leader = launch.as_ref().is_none_or(|l| l.rank == 0);
@@ -321,10 +339,34 @@ where
                     let rank = comm.rank();
                     let mut e: Engine<_, _> = Engine::new(cfg.clone(), shape.modules(), comm, device()?, |id, spec, v| shape.init(args.seed, id, spec, v))
                         .map_err(|e| e.to_string())?;
+                    let mut first = 0;
+                    if let Some(dir) = &args.resume {
+                        let client = e
+                            .load_checkpoint(dir, args.resume_tag.as_deref(), zero_runtime::LoadOptions::default())
+                            .map_err(|e| format!("--resume {}: {e}", dir.display()))?;
+                        first = client["data_step"].as_u64().unwrap_or(e.step_counts().2) as usize;
+                        if rank == 0 {
+                            pb.suspend(|| println!("resumed from {} at step {first}", dir.display()));
+                        }
+                        pb.set_position(first as u64);
+                    }
+                    let save = |e: &mut Engine<_, _>, step: usize| -> Result<(), String> {
+                        let Some(dir) = &args.save_dir else { return Ok(()) };
+                        let tag = e
+                            .save_checkpoint(dir, None, json!({"data_step": step}))
+                            .map_err(|e| format!("--save-dir {}: {e}", dir.display()))?;
+                        if rank == 0 {
+                            pb.suspend(|| println!("step {step}: saved checkpoint {}", dir.join(tag).display()));
+                        }
+                        Ok(())
+                    };
                     let t0 = Instant::now();
                     let mut smooth = None::<f32>;
-                    for step in 0..args.steps {
+                    for step in first..args.steps {
                         let (loss, out) = lm::train_step(&mut e, shape, text, step).map_err(|e| format!("step {step}: {e}"))?;
+                        if args.save_every > 0 && (step + 1) % args.save_every == 0 && step + 1 < args.steps {
+                            save(&mut e, step + 1)?;
+                        }
                         if rank == 0 {
                             let s = smooth.map_or(loss, |s| 0.95 * s + 0.05 * loss);
                             smooth = Some(s);
@@ -336,12 +378,13 @@ where
                                 };
                                 pb.println(format!("step {step}: gradient overflow, step skipped on every rank; {what}"));
                             }
-                            let tok_s = ((step + 1) * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
+                            let tok_s = ((step + 1 - first) * tokens_per_step) as f64 / t0.elapsed().as_secs_f64();
                             pb.set_message(format!("loss {s:.3} | {tok_s:.0} tok/s | scale {}", e.loss_scale()));
                             pb.inc(1);
                         }
                     }
                     let elapsed = t0.elapsed();
+                    save(&mut e, args.steps)?;
                     let eval_loss = lm::evaluate(&mut e, shape, held_out, held_out.len()).map_err(|e| e.to_string())?;
                     Ok(RankResult {
                         eval_loss,

@@ -1,8 +1,11 @@
-//! Reads byte ranges of a file, whole checksummed chunks at a time.
+//! Reads byte ranges of a file, whole checksummed chunks at a time, reading ahead.
 
 use super::{open_maybe_direct, os, AlignedBuf, IoError, ALIGN, CHUNK};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 /// Bytes a reader was asked for, and bytes it read from the file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -13,26 +16,109 @@ pub struct ReadStats {
     pub read: u64,
 }
 
-/// Reads ranges of one file. Each range is read as the whole [`CHUNK`]s that hold it,
-/// and every chunk is checked against the CRC-32C recorded when the file was written
-/// (where one is given), so a damaged byte in anything read is an error naming the file.
-/// The chunks last read stay in the buffer, so ranges asked for in order share them.
+/// What the reading needs, shared with the read-ahead thread.
 #[derive(Debug)]
-pub struct RangeReader {
+struct Source {
     path: PathBuf,
     file: std::fs::File,
     len: u64,
     chunk_crcs: Option<Vec<u32>>,
+}
+
+/// Verified bytes of the file: `range`, at the start of `buf`.
+#[derive(Debug)]
+struct Window {
     buf: AlignedBuf,
-    /// The file range the buffer holds, verified.
-    held: std::ops::Range<u64>,
+    range: std::ops::Range<u64>,
+}
+
+impl Source {
+    /// Reads `want` bytes from `first` (a chunk boundary) into `buf` and checks every
+    /// chunk; the window, or the error with the buffer back.
+    fn read(
+        &self,
+        mut buf: AlignedBuf,
+        first: u64,
+        want: usize,
+    ) -> Result<Window, (AlignedBuf, IoError)> {
+        match self.fill(&mut buf, first, want) {
+            Ok(()) => Ok(Window {
+                buf,
+                range: first..first + want as u64,
+            }),
+            Err(e) => Err((buf, e)),
+        }
+    }
+
+    fn fill(&self, buf: &mut AlignedBuf, first: u64, want: usize) -> Result<(), IoError> {
+        // O_DIRECT reads whole blocks; past the end of the file the read just stops.
+        let ask = want.div_ceil(ALIGN) * ALIGN;
+        let bytes = &mut buf.as_mut_slice()[..ask];
+        let mut got = 0;
+        while got < want {
+            let n = self
+                .file
+                .read_at(&mut bytes[got..], first + got as u64)
+                .map_err(os("reading", &self.path))?;
+            if n == 0 {
+                return Err(IoError::Size {
+                    path: self.path.clone(),
+                    actual: first + got as u64,
+                    expected: self.len,
+                });
+            }
+            got += n;
+        }
+        if let Some(crcs) = &self.chunk_crcs {
+            let chunk = CHUNK as u64;
+            for (i, c) in bytes[..want].chunks(CHUNK).enumerate() {
+                let index = (first / chunk) as usize + i;
+                let found = crc32c::crc32c(c);
+                let expected = crcs[index];
+                if found != expected {
+                    let start = index as u64 * chunk;
+                    return Err(IoError::Checksum {
+                        path: self.path.clone(),
+                        start,
+                        end: start + c.len() as u64,
+                        found,
+                        expected,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+type Reply = Result<Window, (AlignedBuf, IoError)>;
+
+/// Reads ranges of one file. Each range is read as the whole [`CHUNK`]s that hold it,
+/// and every chunk is checked against the CRC-32C recorded when the file was written
+/// (where one is given), so a damaged byte in anything read is an error naming the file.
+/// The chunks last read stay in the buffer, so ranges asked for in order share them.
+///
+/// The buffer is two windows: while the caller consumes one, an I/O thread reads and
+/// verifies the next part of the same range into the other. It never reads past the range
+/// asked for (beyond rounding to whole chunks).
+#[derive(Debug)]
+pub struct RangeReader {
+    src: Arc<Source>,
+    window: usize,
+    cur: Option<Window>,
+    spare: Option<AlignedBuf>,
+    /// Where the window being read ahead starts.
+    ahead: Option<u64>,
+    to_io: Option<Sender<(AlignedBuf, u64, usize)>>,
+    from_io: Receiver<Reply>,
+    thread: Option<JoinHandle<()>>,
     stats: ReadStats,
 }
 
 impl RangeReader {
     /// Opens `path`, which must be `len` bytes long, with the chunk checksums written
-    /// with it (or `None` to read unverified), reading through a buffer of about
-    /// `buffer_bytes` (whole chunks).
+    /// with it (or `None` to read unverified), reading through about `buffer_bytes` (two
+    /// windows of whole chunks, no more than the file needs).
     pub fn open(
         path: &Path,
         len: u64,
@@ -63,34 +149,56 @@ impl RangeReader {
                 });
             }
         }
-        // No more than the file needs.
-        let chunks = (buffer_bytes / CHUNK)
+        let chunks = (buffer_bytes / 2 / CHUNK)
             .min(len.div_ceil(CHUNK as u64) as usize)
             .max(1);
-        Ok(Self {
+        let src = Arc::new(Source {
             path: path.to_path_buf(),
             file,
             len,
             chunk_crcs,
-            buf: AlignedBuf::new(chunks * CHUNK),
-            held: 0..0,
+        });
+        let (to_io, jobs) = bounded::<(AlignedBuf, u64, usize)>(1);
+        let (done, from_io) = bounded::<Reply>(1);
+        let thread = {
+            let src = src.clone();
+            std::thread::Builder::new()
+                .name("zero-io-read".into())
+                .spawn(move || {
+                    for (buf, first, want) in jobs {
+                        if done.send(src.read(buf, first, want)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(os("starting the I/O thread for", path))?
+        };
+        Ok(Self {
+            src,
+            window: chunks * CHUNK,
+            cur: None,
+            spare: Some(AlignedBuf::new(chunks * CHUNK)),
+            ahead: None,
+            to_io: Some(to_io),
+            from_io,
+            thread: Some(thread),
             stats: ReadStats::default(),
         })
     }
 
     /// The file's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.src.path
     }
 
     /// The file's length.
     pub fn len(&self) -> u64 {
-        self.len
+        self.src.len
     }
 
     /// Whether the file is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.src.len == 0
     }
 
     /// What was asked for and read so far.
@@ -108,75 +216,125 @@ impl RangeReader {
     ) -> Result<(), E> {
         let end = start
             .checked_add(len)
-            .filter(|&e| e <= self.len)
+            .filter(|&e| e <= self.src.len)
             .ok_or_else(|| IoError::OutOfRange {
-                path: self.path.clone(),
+                path: self.src.path.clone(),
                 start,
                 end: start.saturating_add(len),
-                len: self.len,
+                len: self.src.len,
             })?;
         self.stats.requested += len;
         let mut pos = start;
         while pos < end {
-            if !self.held.contains(&pos) {
+            if !self.cur.as_ref().is_some_and(|w| w.range.contains(&pos)) {
                 self.load(pos, end)?;
             }
-            let take = (end.min(self.held.end) - pos) as usize;
-            let at = (pos - self.held.start) as usize;
-            sink(pos - start, &self.buf.as_slice()[at..at + take])?;
+            self.read_ahead(end)?;
+            let w = self.cur.as_ref().ok_or_else(|| IoError::Thread {
+                path: self.src.path.clone(),
+            })?;
+            let take = (end.min(w.range.end) - pos) as usize;
+            let at = (pos - w.range.start) as usize;
+            sink(pos - start, &w.buf.as_slice()[at..at + take])?;
             pos += take as u64;
         }
         Ok(())
     }
 
-    /// Fills the buffer with the chunks from the one holding `pos` to the one holding
-    /// `end - 1` (as many as fit), verified.
-    fn load(&mut self, pos: u64, end: u64) -> Result<(), IoError> {
-        let chunk = CHUNK as u64;
-        let first = pos / chunk * chunk;
-        let last = end.div_ceil(chunk) * chunk;
-        let want = (self.buf.len() as u64)
+    /// The window starting at `first` and as long as the window size, the range's end and
+    /// the file allow.
+    fn span(&self, first: u64, end: u64) -> usize {
+        let last = end.div_ceil(CHUNK as u64) * CHUNK as u64;
+        (self.window as u64)
             .min(last - first)
-            .min(self.len - first) as usize;
-        // O_DIRECT reads whole blocks; past the end of the file the read just stops.
-        let ask = want.div_ceil(ALIGN) * ALIGN;
-        let buf = &mut self.buf.as_mut_slice()[..ask];
-        let mut got = 0;
-        while got < want {
-            let n = self
-                .file
-                .read_at(&mut buf[got..], first + got as u64)
-                .map_err(os("reading", &self.path))?;
-            if n == 0 {
-                return Err(IoError::Size {
-                    path: self.path.clone(),
-                    actual: first + got as u64,
-                    expected: self.len,
-                });
-            }
-            got += n;
-        }
-        self.stats.read += want as u64;
-        if let Some(crcs) = &self.chunk_crcs {
-            for (i, bytes) in buf[..want].chunks(CHUNK).enumerate() {
-                let index = (first / chunk) as usize + i;
-                let found = crc32c::crc32c(bytes);
-                let expected = crcs[index];
-                if found != expected {
-                    self.held = 0..0;
-                    let start = index as u64 * chunk;
-                    return Err(IoError::Checksum {
-                        path: self.path.clone(),
-                        start,
-                        end: start + bytes.len() as u64,
-                        found,
-                        expected,
-                    });
+            .min(self.src.len - first) as usize
+    }
+
+    /// Makes the window holding `pos` current: the one read ahead, or one read now (up to
+    /// `end`, the end of the range being read).
+    fn load(&mut self, pos: u64, end: u64) -> Result<(), IoError> {
+        let first = pos / CHUNK as u64 * CHUNK as u64;
+        if let Some(at) = self.ahead {
+            let w = self.wait_ahead()?;
+            if at == first {
+                if let Some(old) = self.cur.replace(w) {
+                    self.spare = Some(old.buf);
                 }
+                return Ok(());
             }
+            self.spare = Some(w.buf);
         }
-        self.held = first..first + want as u64;
+        let buf = match (self.spare.take(), self.cur.take()) {
+            (Some(b), cur) => {
+                self.cur = cur;
+                b
+            }
+            (None, Some(w)) => w.buf,
+            (None, None) => AlignedBuf::new(self.window),
+        };
+        // Read synchronously: nothing useful was read ahead.
+        let want = self.span(first, end);
+        let w = self.src.read(buf, first, want).map_err(|(buf, e)| {
+            self.spare = Some(buf);
+            e
+        })?;
+        self.stats.read += want as u64;
+        if let Some(old) = self.cur.replace(w) {
+            self.spare = Some(old.buf);
+        }
         Ok(())
+    }
+
+    /// While more of the range than the current window holds is wanted, reads the next
+    /// window on the I/O thread.
+    fn read_ahead(&mut self, end: u64) -> Result<(), IoError> {
+        let Some(next) = self.cur.as_ref().map(|w| w.range.end) else {
+            return Ok(());
+        };
+        if self.ahead.is_some() || next >= end {
+            return Ok(());
+        }
+        let Some(buf) = self.spare.take() else {
+            return Ok(());
+        };
+        let want = self.span(next, end);
+        let sender = self.to_io.as_ref().ok_or_else(|| IoError::Thread {
+            path: self.src.path.clone(),
+        })?;
+        sender
+            .send((buf, next, want))
+            .map_err(|_| IoError::Thread {
+                path: self.src.path.clone(),
+            })?;
+        self.stats.read += want as u64;
+        self.ahead = Some(next);
+        Ok(())
+    }
+
+    fn wait_ahead(&mut self) -> Result<Window, IoError> {
+        self.ahead = None;
+        match self.from_io.recv() {
+            Ok(Ok(w)) => Ok(w),
+            Ok(Err((buf, e))) => {
+                self.spare = Some(buf);
+                Err(e)
+            }
+            Err(_) => Err(IoError::Thread {
+                path: self.src.path.clone(),
+            }),
+        }
+    }
+}
+
+impl Drop for RangeReader {
+    fn drop(&mut self) {
+        if self.ahead.is_some() {
+            let _ = self.from_io.recv();
+        }
+        self.to_io = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -190,48 +348,58 @@ mod tests {
         let d = std::env::temp_dir().join(format!("zero-io-reader-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         let path = d.join("data");
-        let data: Vec<u8> = (0..3 * CHUNK + 777).map(|i| (i * 7 % 253) as u8).collect();
+        let data: Vec<u8> = (0..9 * CHUNK + 777).map(|i| (i * 7 % 253) as u8).collect();
         let mut w = FileWriter::create(&path, 4 * ALIGN).unwrap();
         w.write(&data).unwrap();
         let written = w.finish().unwrap();
+        // Windows of one chunk, so long ranges are read ahead window after window.
         let mut r = RangeReader::open(
             &path,
             written.bytes,
             Some(written.chunk_crc32c.clone()),
-            CHUNK,
+            2 * CHUNK,
         )
         .unwrap();
+        let chunk = CHUNK as u64;
         for (s, l) in [
             (0u64, 10u64),
             (5, 10),
-            (CHUNK as u64 - 3, 9),
-            (3 * CHUNK as u64, 777),
+            (chunk - 3, 9),
+            (chunk + 1, 5 * chunk),
+            (9 * chunk, 777),
         ] {
             let mut got = Vec::new();
-            r.read(s, l, |_, b| {
+            r.read(s, l, |at, b| {
+                assert_eq!(at as usize, got.len());
                 got.extend_from_slice(b);
                 Ok::<(), IoError>(())
             })
             .unwrap();
-            assert_eq!(got, &data[s as usize..(s + l) as usize]);
+            assert_eq!(got, &data[s as usize..(s + l) as usize], "{s}+{l}");
         }
         let st = r.stats();
-        assert_eq!(st.requested, 10 + 10 + 9 + 777);
-        // Chunk 0 once (the second and third ranges reuse it), chunk 1 for the rest of the
-        // third, then the tail.
-        assert_eq!(st.read, (2 * CHUNK + 777) as u64);
+        assert_eq!(st.requested, 10 + 10 + 9 + 5 * chunk + 777);
+        // Chunks 0..=6 once each (0 for the first three ranges, 1 for the third, 1..=6
+        // for the fourth, read ahead), then the tail: no chunk beyond a range is read.
+        assert_eq!(st.read, 7 * chunk + 777);
         let err = r.read(data.len() as u64 - 1, 2, |_, _| Ok::<(), IoError>(()));
         assert!(matches!(err, Err(IoError::OutOfRange { .. })));
 
-        // A flipped byte: the chunk holding it fails, naming the file and the bytes.
+        // A flipped byte: the chunk holding it fails, naming the file and the bytes, also
+        // when it is read ahead.
         let mut bad = data.clone();
-        bad[CHUNK + 100] ^= 1;
+        bad[3 * CHUNK + 100] ^= 1;
         std::fs::write(&path, &bad).unwrap();
-        let mut r =
-            RangeReader::open(&path, written.bytes, Some(written.chunk_crc32c), CHUNK).unwrap();
+        let mut r = RangeReader::open(
+            &path,
+            written.bytes,
+            Some(written.chunk_crc32c.clone()),
+            2 * CHUNK,
+        )
+        .unwrap();
         r.read(0, 10, |_, _| Ok::<(), IoError>(())).unwrap();
         let err = r
-            .read(CHUNK as u64 + 5, 1, |_, _| Ok::<(), IoError>(()))
+            .read(chunk, 4 * chunk, |_, _| Ok::<(), IoError>(()))
             .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("data") && msg.contains("checksum"), "{msg}");

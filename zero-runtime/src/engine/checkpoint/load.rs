@@ -83,7 +83,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         tag: &str,
         options: LoadOptions,
     ) -> Result<Staged<C::Buffer>, EngineError> {
-        let mut ckpt = CheckpointDir::open(dir, Some(tag))?;
+        // Windows of 8 MiB: the first window of each range is read while the caller waits,
+        // the rest ahead of it.
+        let mut ckpt = CheckpointDir::open(dir, Some(tag))?.with_buffer(16 << 20);
         let manifest_path = ckpt.path.join(crate::checkpoint::format::MANIFEST);
         let mismatch = |reason: String| CheckpointError::Mismatch {
             path: manifest_path.display().to_string(),

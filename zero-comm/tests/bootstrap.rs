@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use zero_comm::nccl::{rendezvous, BootstrapError, LaunchEnv, Launcher};
+use zero_comm::nccl::{rendezvous, BootstrapError, LaunchEnv, Launcher, LAUNCH_VARIABLES};
 
 fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: HashMap<String, String> = pairs
@@ -287,26 +287,6 @@ fn nccl_init_without_a_gpu_or_nccl_is_an_error_naming_what_is_missing() {
     println!("as expected: {err}");
 }
 
-/// Every variable any launcher sets, cleared from the children's environment.
-const LAUNCH_VARS: [&str; 16] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "ZERO_RENDEZVOUS_PORT",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NODELIST",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-];
-
 /// One rank's variables for `launcher`, with rank 0 at 127.0.0.1 and the rendezvous at
 /// `port`.
 fn launcher_vars(
@@ -401,7 +381,7 @@ fn the_rendezvous_works_across_processes_under_every_launchers_environment() {
                     "--nocapture",
                     "--test-threads=1",
                 ]);
-                for k in LAUNCH_VARS {
+                for k in LAUNCH_VARIABLES {
                     cmd.env_remove(k);
                 }
                 cmd.envs(launcher_vars(launcher, rank, world, port))

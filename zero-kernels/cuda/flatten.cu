@@ -46,13 +46,20 @@ __device__ __forceinline__ CopyEntry find_entry(const CopyEntry* table, int entr
     return table[lo];
 }
 
+// This block's part of its entry: the first element and the count (0: nothing to do).
+__device__ __forceinline__ CopyEntry block_chunk(const CopyEntry* table, int entries, u64* start, u64* len) {
+    const CopyEntry e = find_entry(table, entries);
+    *start = (blockIdx.x - e.first_block) * (u64)CHUNK;
+    *len = *start >= e.len ? 0 : ((e.len - *start < (u64)CHUNK) ? e.len - *start : (u64)CHUNK);
+    return e;
+}
+
 // Between equal types: the chunk's bytes, 16 at a time where both pointers allow.
 template <typename E>
 __device__ void copy_same_impl(const CopyEntry* table, int entries) {
-    const CopyEntry e = find_entry(table, entries);
-    const u64 start = (blockIdx.x - e.first_block) * (u64)CHUNK;
-    if (start >= e.len) return;
-    const u64 len = (e.len - start < (u64)CHUNK) ? e.len - start : (u64)CHUNK;
+    u64 start, len;
+    const CopyEntry e = block_chunk(table, entries, &start, &len);
+    if (len == 0) return;
     const typename E::T* src = (const typename E::T*)e.src + start;
     typename E::T* dst = (typename E::T*)e.dst + start;
     const u64 per_word = 16 / sizeof(typename E::T);
@@ -64,10 +71,9 @@ __device__ void copy_same_impl(const CopyEntry* table, int entries) {
 
 template <typename S, typename D>
 __device__ void copy_impl(const CopyEntry* table, int entries) {
-    const CopyEntry e = find_entry(table, entries);
-    const u64 start = (blockIdx.x - e.first_block) * (u64)CHUNK;
-    if (start >= e.len) return;
-    const u64 len = (e.len - start < (u64)CHUNK) ? e.len - start : (u64)CHUNK;
+    u64 start, len;
+    const CopyEntry e = block_chunk(table, entries, &start, &len);
+    if (len == 0) return;
     const typename S::T* src = (const typename S::T*)e.src + start;
     typename D::T* dst = (typename D::T*)e.dst + start;
     const bool vec = ((((u64)src) | ((u64)dst)) & 15) == 0;

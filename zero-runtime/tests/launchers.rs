@@ -17,27 +17,11 @@ fn example() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-const LAUNCH_VARS: [&str; 13] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_JOB_NODELIST",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-];
-
 /// Runs the example with `vars` and `args`; (success, stderr).
 fn run(vars: &[(&str, &str)], args: &[&str]) -> (bool, String) {
     let exe = example().expect("the train example is built with the tests");
     let mut cmd = Command::new(exe);
-    for k in LAUNCH_VARS {
+    for k in zero_comm::nccl::LAUNCH_VARIABLES {
         cmd.env_remove(k);
     }
     let out = cmd

@@ -85,6 +85,27 @@ pub struct LaunchEnv {
     pub launcher: Launcher,
 }
 
+/// Every variable [`LaunchEnv::from_vars`] reads (for clearing a child's environment, or
+/// listing them).
+pub const LAUNCH_VARIABLES: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "ZERO_RENDEZVOUS_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+];
+
 /// The port PyTorch and DeepSpeed use when none is given.
 pub const DEFAULT_PORT: usize = 29500;
 

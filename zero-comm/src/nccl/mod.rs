@@ -6,4 +6,4 @@ pub mod launch;
 
 pub use bootstrap::rendezvous;
 pub use comm::{NcclComm, NcclWork};
-pub use launch::{first_host, BootstrapError, LaunchEnv, Launcher};
+pub use launch::{first_host, BootstrapError, LaunchEnv, Launcher, LAUNCH_VARIABLES};

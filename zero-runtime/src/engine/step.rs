@@ -177,18 +177,40 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             self.buckets[b].opt = opt;
             result?;
-            if self.policy.shards_optimizer() && !self.params_sharded(b) {
-                let mut input = self.dev.zeros(self.dtype, part.len())?;
-                self.dev.copy(&params, part.clone(), &mut input, 0)?;
-                let work = self.issue(
-                    |c| &mut c.param_gather,
-                    |comm| comm.all_gather(input, params),
-                )?;
-                gathers.push((b, work));
-            } else {
-                self.buckets[b].params = Some(params);
-            }
+            self.return_params(b, params, part, &mut gathers)?;
         }
+        self.finish_gathers(gathers)
+    }
+
+    /// Puts bucket `b`'s parameters back after this rank wrote its owned range `part`:
+    /// where the stage keeps the bucket whole (stages 1–2, stage 3's persistent buckets)
+    /// the ranges are all-gathered, and the work joins `gathers`.
+    pub(super) fn return_params(
+        &mut self,
+        b: usize,
+        params: C::Buffer,
+        part: std::ops::Range<usize>,
+        gathers: &mut Vec<(usize, super::W2<C>)>,
+    ) -> Result<(), EngineError> {
+        if self.policy.shards_optimizer() && !self.params_sharded(b) {
+            let mut input = self.dev.zeros(self.dtype, part.len())?;
+            self.dev.copy(&params, part, &mut input, 0)?;
+            let work = self.issue(
+                |c| &mut c.param_gather,
+                |comm| comm.all_gather(input, params),
+            )?;
+            gathers.push((b, work));
+        } else {
+            self.buckets[b].params = Some(params);
+        }
+        Ok(())
+    }
+
+    /// Waits for the gathers of [`return_params`](Self::return_params).
+    pub(super) fn finish_gathers(
+        &mut self,
+        gathers: Vec<(usize, super::W2<C>)>,
+    ) -> Result<(), EngineError> {
         for (b, work) in gathers {
             let (_, full) = work.wait()?;
             self.buckets[b].params = Some(full);

@@ -18,7 +18,7 @@ use crate::device::{AdamState, Device};
 use crate::EngineError;
 use std::collections::HashMap;
 use std::path::Path;
-use zero_comm::{Communicator, Completion};
+use zero_comm::Communicator;
 use zero_kernels::DType;
 
 /// What a rank read, held aside until every rank has read successfully.
@@ -269,23 +269,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.buckets[b].params = Some(params);
                 return Err(e);
             }
-            if self.policy.shards_optimizer() && !self.params_sharded(b) {
-                let mut input = self.dev.zeros(self.dtype, part.len())?;
-                self.dev.copy(&params, part.clone(), &mut input, 0)?;
-                let work = self.issue(
-                    |c| &mut c.param_gather,
-                    |comm| comm.all_gather(input, params),
-                )?;
-                gathers.push((b, work));
-            } else {
-                self.buckets[b].params = Some(params);
-            }
+            self.return_params(b, params, part, &mut gathers)?;
         }
-        for (b, work) in gathers {
-            let (_, full) = work.wait()?;
-            self.buckets[b].params = Some(full);
-        }
-        Ok(())
+        self.finish_gathers(gathers)
     }
 
     /// Bytes the last `load_checkpoint` on this rank asked for and read from the

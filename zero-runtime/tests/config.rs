@@ -133,14 +133,14 @@ fn misspelled_keys_name_the_closest_known_key() {
 #[test]
 fn known_but_unsupported_keys_say_so() {
     let e = parse(
-        r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}"#,
+        r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}"#,
         2,
     )
     .unwrap_err();
     assert!(matches!(e, ConfigError::Unsupported { .. }), "{e}");
     let msg = e.to_string();
     assert!(
-        msg.contains("offload_optimizer.device") && msg.contains("offload issue"),
+        msg.contains("offload_optimizer.ratio") && msg.contains("Twin-Flow"),
         "{msg}"
     );
     assert!(parse(
@@ -259,4 +259,111 @@ fn not_json_is_an_error() {
         ZeroConfig::from_json_str("{", 1),
         Err(ConfigError::Json(_))
     ));
+}
+
+#[test]
+fn offload_keys_take_deepspeeds_names_defaults_and_legacy_forms() {
+    use zero_runtime::config::OffloadDevice;
+    let c = parse(r#""zero_optimization": {"stage": 3}"#, 2).unwrap();
+    let (o, p) = (&c.zero.offload_optimizer, &c.zero.offload_param);
+    assert_eq!(
+        (o.device, o.pin_memory, o.buffer_count),
+        (OffloadDevice::None, true, 4)
+    );
+    assert_eq!(
+        (p.device, p.buffer_count, p.buffer_size, p.max_in_cpu),
+        (OffloadDevice::None, 5, 100_000_000, 1_000_000_000)
+    );
+    assert_eq!(
+        (
+            c.aio.block_size,
+            c.aio.queue_depth,
+            c.aio.intra_op_parallelism
+        ),
+        (1 << 20, 8, 1)
+    );
+    assert_eq!(c.zero.sub_group_size, 1_000_000_000);
+
+    let c = parse(
+        r#""zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+            "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": false, "buffer_count": 6},
+            "offload_param": {"device": "cpu", "buffer_size": 5e7}},
+           "aio": {"block_size": 262144, "queue_depth": 16, "thread_count": 4}"#,
+        2,
+    )
+    .unwrap();
+    assert_eq!(c.zero.offload_optimizer.device, OffloadDevice::Nvme);
+    assert_eq!(
+        c.zero.offload_optimizer.nvme_path.as_deref(),
+        Some(std::path::Path::new("/nvme"))
+    );
+    assert!(!c.zero.offload_optimizer.pin_memory);
+    assert_eq!(c.zero.offload_param.device, OffloadDevice::Cpu);
+    assert_eq!(c.zero.offload_param.buffer_size, 50_000_000);
+    assert_eq!(c.zero.sub_group_size, 1_000_000);
+    // The older name thread_count is read (DeepSpeed ignores it silently), and said so.
+    assert_eq!(c.aio.intra_op_parallelism, 4);
+    assert!(
+        c.notes.iter().any(|n| n.contains("thread_count")),
+        "{:?}",
+        c.notes
+    );
+
+    // DeepSpeed's legacy keys.
+    let c = parse(
+        r#""zero_optimization": {"stage": 3, "cpu_offload": true, "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}"#,
+        2,
+    )
+    .unwrap();
+    assert_eq!(c.zero.offload_optimizer.device, OffloadDevice::Cpu);
+    assert_eq!(c.zero.offload_param.device, OffloadDevice::Cpu);
+    assert!(
+        c.notes.iter().any(|n| n.contains("cpu_offload")),
+        "{:?}",
+        c.notes
+    );
+
+    // What is refused, naming the key.
+    for (text, key) in [
+        (
+            r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}"#,
+            "nvme_path",
+        ),
+        (
+            r#""zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}"#,
+            "stage 1, 2 or 3",
+        ),
+        (
+            r#""zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}"#,
+            "stage 3",
+        ),
+        (
+            r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}"#,
+            "none, cpu or nvme",
+        ),
+        (r#""aio": {"use_gds": true}"#, "GPUDirect"),
+        (
+            r#""aio": {"intra_op_parallelism": 2, "thread_count": 3}"#,
+            "disagree",
+        ),
+        (r#""aio": {"block_size": 1000}"#, "4096"),
+    ] {
+        let e = parse(text, 2).unwrap_err().to_string();
+        assert!(e.contains(key), "{text}: {e}");
+    }
+}
+
+#[test]
+fn a_config_without_an_optimizer_gets_adamw_defaults_and_says_so() {
+    let c = ZeroConfig::from_json_str(r#"{"zero_optimization": {"stage": 1}}"#, 2).unwrap();
+    assert_eq!(c.optimizer.name, "AdamW");
+    assert_eq!(
+        (c.optimizer.adam.lr, c.optimizer.adam.weight_decay),
+        (1e-3, 0.01)
+    );
+    assert!(
+        c.notes.iter().any(|n| n.contains("no optimizer section")),
+        "{:?}",
+        c.notes
+    );
 }

@@ -11,6 +11,9 @@
 //!   scheduler's `total_num_steps`, which has no default and is an error.
 
 mod json;
+mod offload;
+
+pub use offload::{AioConfig, OffloadDevice, OffloadOptimizerConfig, OffloadParamConfig};
 
 use json::{Auto, Obj};
 use serde_json::{json, Value};
@@ -140,7 +143,7 @@ pub enum SchedulerConfig {
 }
 
 /// The `zero_optimization` section (sizes in elements).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ZeroOptimization {
     /// `stage`: 0 (data parallel), 1, 2 or 3.
     pub stage: u8,
@@ -162,8 +165,13 @@ pub struct ZeroOptimization {
     pub max_reuse_distance: u64,
     /// `stage3_gather_16bit_weights_on_model_save`.
     pub gather_16bit_weights_on_model_save: bool,
-    /// `sub_group_size`.
+    /// `sub_group_size`: elements per step of an offloaded optimizer (the unit the NVMe
+    /// pipeline reads, steps and writes).
     pub sub_group_size: u64,
+    /// `offload_optimizer`.
+    pub offload_optimizer: OffloadOptimizerConfig,
+    /// `offload_param` (stage 3).
+    pub offload_param: OffloadParamConfig,
 }
 
 /// A parsed, resolved DeepSpeed configuration.
@@ -191,6 +199,8 @@ pub struct ZeroConfig {
     pub steps_per_print: u64,
     /// `checkpoint`.
     pub checkpoint: CheckpointConfig,
+    /// `aio`: NVMe file I/O.
+    pub aio: AioConfig,
     /// Keys accepted that have no effect in zero, each with why (print them).
     pub notes: Vec<String>,
     /// The JSON this was parsed from (recorded in checkpoints).
@@ -234,6 +244,7 @@ const TOP: &[&str] = &[
     "wall_clock_breakdown",
     "steps_per_print",
     "checkpoint",
+    "aio",
 ];
 
 const ZERO_KEYS: &[&str] = &[
@@ -252,6 +263,9 @@ const ZERO_KEYS: &[&str] = &[
     "sub_group_size",
     "offload_optimizer",
     "offload_param",
+    "cpu_offload",
+    "cpu_offload_param",
+    "cpu_offload_use_pin_memory",
 ];
 
 impl ZeroConfig {
@@ -292,11 +306,12 @@ impl ZeroConfig {
         if gradient_clipping < 0.0 {
             return Err(top.invalid("gradient_clipping", "must be >= 0 (0 disables clipping)"));
         }
-        let optimizer = optimizer(&top)?;
+        let optimizer = optimizer(&top, &mut notes)?;
         let scheduler = scheduler(&top, optimizer.adam.lr as f64)?;
         let precision = precision(&top)?;
         let zero = zero(&top, &mut notes)?;
         let checkpoint = checkpoint(&top)?;
+        let aio = offload::aio(&top, &mut notes)?;
         Ok(Self {
             train_batch_size,
             micro_batch_per_rank: micro,
@@ -309,6 +324,7 @@ impl ZeroConfig {
             wall_clock_breakdown: top.bool_or("wall_clock_breakdown", false)?,
             steps_per_print: top.count_or("steps_per_print", 10)?,
             checkpoint,
+            aio,
             notes,
             source: v.clone(),
         })
@@ -392,12 +408,19 @@ fn check_triple(total: u64, m: u64, g: u64, world: u64) -> Result<(u64, u64), Co
     )))
 }
 
-fn optimizer(top: &Obj) -> Result<OptimizerConfig, ConfigError> {
-    let Some(v) = top.get("optimizer") else {
-        return Err(ConfigError::InvalidValue {
-            key: "optimizer".into(),
-            reason: "an optimizer section is required (type Adam or AdamW)".into(),
-        });
+/// The optimizer when the config names none: what a DeepSpeed user passing
+/// `torch.optim.AdamW(model.parameters())` in code gets (lr 1e-3, betas (0.9, 0.999),
+/// eps 1e-8, weight decay 0.01).
+pub const DEFAULT_OPTIMIZER: &str = r#"{"type": "AdamW", "params": {}}"#;
+
+fn optimizer(top: &Obj, notes: &mut Vec<String>) -> Result<OptimizerConfig, ConfigError> {
+    let fallback: Value = serde_json::from_str(DEFAULT_OPTIMIZER).unwrap_or(Value::Null);
+    let v = match top.get("optimizer") {
+        Some(v) => v,
+        None => {
+            notes.push("no optimizer section: AdamW with its defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01), as torch.optim.AdamW passed in code".into());
+            &fallback
+        }
     };
     let o = Obj::new("optimizer", v, &["type", "params"], &[])?;
     let name = match o.str("type")?.map(str::to_ascii_lowercase).as_deref() {
@@ -637,9 +660,6 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
         ("mics_shard_size", json!(-1)),
         ("mics_hierarchical_params_gather", json!(false)),
         ("memory_efficient_linear", json!(true)),
-        ("cpu_offload", json!(false)),
-        ("cpu_offload_param", json!(false)),
-        ("cpu_offload_use_pin_memory", json!(false)),
         ("stage3_gather_fp16_weights_on_model_save", json!(false)),
     ];
     let o = Obj::new(
@@ -665,37 +685,18 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
             });
         }
     }
-    for key in ["offload_optimizer", "offload_param"] {
-        if let Some(v) = o.get(key) {
-            let off = Obj::new(
-                &o.path(key),
-                v,
-                &[
-                    "device",
-                    "nvme_path",
-                    "buffer_count",
-                    "buffer_size",
-                    "max_in_cpu",
-                    "pin_memory",
-                    "pipeline_read",
-                    "pipeline_write",
-                    "fast_init",
-                    "ratio",
-                ],
-                &[],
-            )?;
-            match off.str("device")? {
-                None | Some("none") => {}
-                Some(dev) => {
-                    return Err(ConfigError::Unsupported {
-                        key: off.path("device"),
-                        reason: format!(
-                            "offload to `{dev}` arrives with the offload issue; use \"none\""
-                        ),
-                    })
-                }
-            }
-        }
+    let legacy = offload::Legacy::read(&o, notes)?;
+    let offload_optimizer = offload::offload_optimizer(&o, &legacy)?;
+    let offload_param = offload::offload_param(&o, &legacy)?;
+    if offload_optimizer.device != OffloadDevice::None && stage == 0 {
+        return Err(ConfigError::Inconsistent(
+            "zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 keeps the whole optimizer state on every rank)".into(),
+        ));
+    }
+    if offload_param.device != OffloadDevice::None && stage != 3 {
+        return Err(ConfigError::Inconsistent(format!(
+            "zero_optimization.offload_param needs ZeRO stage 3 (stage {stage} keeps the parameters whole on every rank)"
+        )));
     }
     let contiguous_gradients = o.bool_or("contiguous_gradients", true)?;
     if !contiguous_gradients {
@@ -704,8 +705,8 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
     if o.get("allgather_bucket_size").is_some() {
         notes.push("zero_optimization.allgather_bucket_size: parameters are all-gathered per reduce bucket (the same units as the reduce-scatter), so this size has no further effect".into());
     }
-    if o.get("sub_group_size").is_some() {
-        notes.push("zero_optimization.sub_group_size: the optimizer steps the owned partition in one fused pass; sub-groups matter only with NVMe offload".into());
+    if o.get("sub_group_size").is_some() && offload_optimizer.device == OffloadDevice::None {
+        notes.push("zero_optimization.sub_group_size: with the optimizer on the device it steps the owned partition in one fused pass; sub-groups matter with offload_optimizer".into());
     }
     if stage < 3 {
         // (stage3_param_persistence_threshold also shapes the bucket plan of every stage.)
@@ -731,6 +732,8 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
         max_reuse_distance: o.count_or("stage3_max_reuse_distance", 1_000_000_000)?,
         gather_16bit_weights_on_model_save: o
             .bool_or("stage3_gather_16bit_weights_on_model_save", false)?,
-        sub_group_size: o.count_or("sub_group_size", 1_000_000_000)?,
+        sub_group_size: o.count_or("sub_group_size", 1_000_000_000)?.max(1),
+        offload_optimizer,
+        offload_param,
     })
 }

@@ -154,6 +154,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         mut init: impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
     ) -> Result<Self, EngineError> {
         validate_model(&modules)?;
+        for (key, device) in [
+            ("offload_optimizer", cfg.zero.offload_optimizer.device),
+            ("offload_param", cfg.zero.offload_param.device),
+        ] {
+            if device != crate::config::OffloadDevice::None {
+                return Err(crate::ConfigError::Unsupported {
+                    key: format!("zero_optimization.{key}.device"),
+                    reason: format!(
+                        "{device:?}: the engine does not offload yet (the config is read; the tiers are being built); use \"none\""
+                    ),
+                }
+                .into());
+            }
+        }
         let (rank, world) = (comm.rank(), comm.world_size());
         let expected =
             cfg.train_batch_size / (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps);

@@ -1,0 +1,318 @@
+//! `zero_optimization.offload_optimizer`, `zero_optimization.offload_param`, the `aio`
+//! section and DeepSpeed's legacy `cpu_offload*` keys, with DeepSpeed's defaults
+//! (`deepspeed/runtime/zero/offload_config.py`, `deepspeed/runtime/swap_tensor/aio_config.py`).
+
+use super::json::Obj;
+use super::ConfigError;
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Where an offloaded state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadDevice {
+    /// On the device (no offload).
+    None,
+    /// In host memory.
+    Cpu,
+    /// In files on an NVMe (any `O_DIRECT`-capable) file system, staged through host
+    /// buffers.
+    Nvme,
+}
+
+/// `zero_optimization.offload_optimizer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadOptimizerConfig {
+    /// `device`.
+    pub device: OffloadDevice,
+    /// `nvme_path` (required for `nvme`).
+    pub nvme_path: Option<PathBuf>,
+    /// `pin_memory` (default true, as DeepSpeed since PR #8207): the host buffers the
+    /// device copies through are pinned on a GPU.
+    pub pin_memory: bool,
+    /// `buffer_count` (4): host buffers of the NVMe pipeline (at least 3 are used: read
+    /// ahead, compute, write behind).
+    pub buffer_count: u64,
+    /// `pipeline_read` (false in DeepSpeed): zero always reads ahead.
+    pub pipeline_read: bool,
+    /// `pipeline_write` (false in DeepSpeed): zero always writes behind.
+    pub pipeline_write: bool,
+    /// `fast_init` (false): accepted.
+    pub fast_init: bool,
+}
+
+/// `zero_optimization.offload_param` (stage 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadParamConfig {
+    /// `device`.
+    pub device: OffloadDevice,
+    /// `nvme_path` (required for `nvme`).
+    pub nvme_path: Option<PathBuf>,
+    /// `pin_memory`.
+    pub pin_memory: bool,
+    /// `buffer_count` (5).
+    pub buffer_count: u64,
+    /// `buffer_size` (1e8 elements).
+    pub buffer_size: u64,
+    /// `max_in_cpu` (1e9 elements).
+    pub max_in_cpu: u64,
+}
+
+/// The `aio` section: how NVMe files are read and written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AioConfig {
+    /// `block_size` (1 MiB): bytes per request.
+    pub block_size: u64,
+    /// `queue_depth` (8): requests in flight per thread.
+    pub queue_depth: u64,
+    /// `intra_op_parallelism` (1), or its older name `thread_count`: I/O threads.
+    pub intra_op_parallelism: u64,
+    /// `single_submit` (false): accepted.
+    pub single_submit: bool,
+    /// `overlap_events` (true): accepted.
+    pub overlap_events: bool,
+}
+
+impl Default for OffloadOptimizerConfig {
+    fn default() -> Self {
+        Self {
+            device: OffloadDevice::None,
+            nvme_path: None,
+            pin_memory: true,
+            buffer_count: 4,
+            pipeline_read: false,
+            pipeline_write: false,
+            fast_init: false,
+        }
+    }
+}
+
+impl Default for OffloadParamConfig {
+    fn default() -> Self {
+        Self {
+            device: OffloadDevice::None,
+            nvme_path: None,
+            pin_memory: true,
+            buffer_count: 5,
+            buffer_size: 100_000_000,
+            max_in_cpu: 1_000_000_000,
+        }
+    }
+}
+
+impl Default for AioConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 1 << 20,
+            queue_depth: 8,
+            intra_op_parallelism: 1,
+            single_submit: false,
+            overlap_events: true,
+        }
+    }
+}
+
+fn device(o: &Obj) -> Result<OffloadDevice, ConfigError> {
+    Ok(
+        match o.str("device")?.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("none") => OffloadDevice::None,
+            Some("cpu") => OffloadDevice::Cpu,
+            Some("nvme") => OffloadDevice::Nvme,
+            Some(other) => {
+                return Err(o.invalid("device", &format!("`{other}`: expected none, cpu or nvme")))
+            }
+        },
+    )
+}
+
+fn nvme_path(o: &Obj, dev: OffloadDevice) -> Result<Option<PathBuf>, ConfigError> {
+    let path = o.str("nvme_path")?.map(PathBuf::from);
+    if dev == OffloadDevice::Nvme && path.is_none() {
+        return Err(o.invalid(
+            "nvme_path",
+            "device \"nvme\" needs a folder on an NVMe file system here",
+        ));
+    }
+    Ok(path)
+}
+
+/// `offload_optimizer` of `zero` (the `zero_optimization` object).
+pub(super) fn offload_optimizer(
+    zero: &Obj,
+    legacy: &Legacy,
+) -> Result<OffloadOptimizerConfig, ConfigError> {
+    let mut cfg = OffloadOptimizerConfig::default();
+    if legacy.cpu_offload {
+        cfg.device = OffloadDevice::Cpu;
+    }
+    if let Some(pin) = legacy.pin_memory {
+        cfg.pin_memory = pin;
+    }
+    let Some(v) = zero.get("offload_optimizer") else {
+        return Ok(cfg);
+    };
+    let o = Obj::new(
+        &zero.path("offload_optimizer"),
+        v,
+        &[
+            "device",
+            "nvme_path",
+            "pin_memory",
+            "buffer_count",
+            "pipeline_read",
+            "pipeline_write",
+            "fast_init",
+            "ratio",
+        ],
+        &[],
+    )?;
+    let ratio = o.f64_or("ratio", 1.0)?;
+    if ratio != 1.0 {
+        return Err(ConfigError::Unsupported {
+            key: o.path("ratio"),
+            reason: format!(
+                "{ratio}: zero offloads the whole optimizer state (ratio 1.0); a partial offload (Twin-Flow) is not built"
+            ),
+        });
+    }
+    cfg.device = device(&o)?;
+    cfg.nvme_path = nvme_path(&o, cfg.device)?;
+    cfg.pin_memory = o.bool_or("pin_memory", cfg.pin_memory)?;
+    cfg.buffer_count = o.count_or("buffer_count", 4)?;
+    if cfg.buffer_count == 0 {
+        return Err(o.invalid("buffer_count", "must be at least 1"));
+    }
+    cfg.pipeline_read = o.bool_or("pipeline_read", false)?;
+    cfg.pipeline_write = o.bool_or("pipeline_write", false)?;
+    cfg.fast_init = o.bool_or("fast_init", false)?;
+    Ok(cfg)
+}
+
+/// `offload_param` of `zero`.
+pub(super) fn offload_param(
+    zero: &Obj,
+    legacy: &Legacy,
+) -> Result<OffloadParamConfig, ConfigError> {
+    let mut cfg = OffloadParamConfig::default();
+    if legacy.cpu_offload_param {
+        cfg.device = OffloadDevice::Cpu;
+    }
+    if let Some(pin) = legacy.pin_memory {
+        cfg.pin_memory = pin;
+    }
+    let Some(v) = zero.get("offload_param") else {
+        return Ok(cfg);
+    };
+    let o = Obj::new(
+        &zero.path("offload_param"),
+        v,
+        &[
+            "device",
+            "nvme_path",
+            "pin_memory",
+            "buffer_count",
+            "buffer_size",
+            "max_in_cpu",
+        ],
+        &[],
+    )?;
+    cfg.device = device(&o)?;
+    cfg.nvme_path = nvme_path(&o, cfg.device)?;
+    cfg.pin_memory = o.bool_or("pin_memory", cfg.pin_memory)?;
+    cfg.buffer_count = o.count_or("buffer_count", 5)?.max(1);
+    cfg.buffer_size = o.count_or("buffer_size", 100_000_000)?.max(1);
+    cfg.max_in_cpu = o.count_or("max_in_cpu", 1_000_000_000)?;
+    Ok(cfg)
+}
+
+/// The legacy `zero_optimization` keys DeepSpeed still maps (`cpu_offload` →
+/// `offload_optimizer.device: cpu`, `cpu_offload_param` → `offload_param.device: cpu`,
+/// `cpu_offload_use_pin_memory` → both `pin_memory`).
+#[derive(Debug, Default)]
+pub(super) struct Legacy {
+    cpu_offload: bool,
+    cpu_offload_param: bool,
+    pin_memory: Option<bool>,
+}
+
+impl Legacy {
+    /// Reads them, noting each mapping in `notes`.
+    pub(super) fn read(zero: &Obj, notes: &mut Vec<String>) -> Result<Self, ConfigError> {
+        let legacy = Legacy {
+            cpu_offload: zero.bool_or("cpu_offload", false)?,
+            cpu_offload_param: zero.bool_or("cpu_offload_param", false)?,
+            pin_memory: match zero.get("cpu_offload_use_pin_memory") {
+                None => None,
+                Some(_) => Some(zero.bool_or("cpu_offload_use_pin_memory", false)?),
+            },
+        };
+        for (key, new) in [
+            ("cpu_offload", "offload_optimizer.device = \"cpu\""),
+            ("cpu_offload_param", "offload_param.device = \"cpu\""),
+            ("cpu_offload_use_pin_memory", "offload_*.pin_memory"),
+        ] {
+            if zero.get(key).is_some() {
+                notes.push(format!(
+                    "zero_optimization.{key} is DeepSpeed's legacy name for {new}: read as that"
+                ));
+            }
+        }
+        Ok(legacy)
+    }
+}
+
+/// The `aio` section of the top level.
+pub(super) fn aio(top: &Obj, notes: &mut Vec<String>) -> Result<AioConfig, ConfigError> {
+    let empty = json!({});
+    let o = Obj::new(
+        "aio",
+        top.get("aio").unwrap_or(&empty),
+        &[
+            "block_size",
+            "queue_depth",
+            "intra_op_parallelism",
+            "thread_count",
+            "single_submit",
+            "overlap_events",
+            "use_gds",
+        ],
+        &[],
+    )?;
+    if o.bool_or("use_gds", false)? {
+        return Err(ConfigError::Unsupported {
+            key: o.path("use_gds"),
+            reason: "GPUDirect Storage is not built: NVMe offload goes through host memory".into(),
+        });
+    }
+    let d = AioConfig::default();
+    let threads = match (o.get("intra_op_parallelism"), o.get("thread_count")) {
+        (Some(_), Some(_))
+            if o.count_or("intra_op_parallelism", 1)? != o.count_or("thread_count", 1)? =>
+        {
+            return Err(ConfigError::Inconsistent(format!(
+                "aio.intra_op_parallelism = {} and its older name aio.thread_count = {} disagree",
+                o.count_or("intra_op_parallelism", 1)?,
+                o.count_or("thread_count", 1)?
+            )))
+        }
+        (Some(_), _) => o.count_or("intra_op_parallelism", 1)?,
+        (None, Some(_)) => {
+            notes.push("aio.thread_count is the older name of aio.intra_op_parallelism (DeepSpeed now ignores it silently): read as that".into());
+            o.count_or("thread_count", 1)?
+        }
+        (None, None) => d.intra_op_parallelism,
+    };
+    let block_size = o.count_or("block_size", d.block_size)?;
+    if block_size == 0 || block_size % 4096 != 0 {
+        return Err(o.invalid(
+            "block_size",
+            &format!("{block_size}: must be a positive multiple of 4096 (O_DIRECT)"),
+        ));
+    }
+    Ok(AioConfig {
+        block_size,
+        queue_depth: o.count_or("queue_depth", d.queue_depth)?.max(1),
+        intra_op_parallelism: threads.max(1),
+        single_submit: o.bool_or("single_submit", d.single_submit)?,
+        overlap_events: o.bool_or("overlap_events", d.overlap_events)?,
+    })
+}

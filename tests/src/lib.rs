@@ -395,3 +395,20 @@ pub fn consolidate(ranks: &[Vec<zero_runtime::StatePiece>]) -> Consolidated {
         })
         .collect()
 }
+
+/// `config` with `zero_optimization.{key}` (`offload_optimizer` or `offload_param`) set to
+/// `value`, and `sub_group_size` when given.
+pub fn with_offload(
+    config: &str,
+    key: &str,
+    value: &serde_json::Value,
+    sub_group_size: Option<u64>,
+) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(config).expect("config is JSON");
+    let zero = &mut v["zero_optimization"];
+    zero[key] = value.clone();
+    if let Some(s) = sub_group_size {
+        zero["sub_group_size"] = s.into();
+    }
+    v.to_string()
+}

@@ -1,5 +1,7 @@
-//! Memory by category against the ZeRO paper's formulas, and elements communicated per
-//! step against 2Ψ(N−1)/N (stages 0–2) and 3Ψ(N−1)/N (stage 3), from the comm counters.
+//! Memory by category against the ZeRO paper's formulas (with the optimizer state moved to
+//! the host or NVMe tier by offloading, too), and elements communicated per step against
+//! 2Ψ(N−1)/N (stages 0–2) and 3Ψ(N−1)/N (stage 3), from the comm counters — with K
+//! micro-steps of accumulation, (K+1)Ψ(N−1)/N in stage 2 and 3KΨ(N−1)/N in stage 3.
 
 use zero_tests::{dataset, run_ranks, seed, train_step};
 
@@ -87,28 +89,35 @@ fn model_state_bytes_follow_the_paper_per_stage() {
 fn elements_sent_per_step_are_exactly_the_papers() {
     let seed = seed("communication");
     for world in 2..=5usize {
-        let data = dataset(seed, 4 * world);
-        for stage in 0..=3u8 {
+        for (stage, k) in (0..=3u8).flat_map(|s| [(s, 1u64), (s, 3)]) {
             // One module per bucket (bucket size 1), no persistence, no reuse: every bucket
-            // is gathered exactly twice per step in stage 3.
-            let reports = run_ranks(world, &config(stage, 1, 1), seed, |e| {
+            // is gathered exactly twice per micro-step in stage 3.
+            let data = dataset(seed, 4 * world * k as usize);
+            let reports = run_ranks(world, &config(stage, k as usize, 1), seed, |e| {
                 for s in 0..3 {
                     train_step(e, &data, s, None).unwrap();
                 }
                 e.comm_report()
             });
             for (rank, c) in reports.iter().enumerate() {
-                let ctx = format!("world {world} stage {stage} rank {rank}");
+                let ctx = format!("world {world} stage {stage} accumulation {k} rank {rank}");
                 let psi = c.padded_numel as u64;
                 let n = world as u64;
-                let factor = if stage == 3 { 3 } else { 2 };
+                // Stage 2 reduce-scatters every micro-step and gathers once; stage 3
+                // gathers twice and reduce-scatters once every micro-step.
+                let (factor, reductions) = match stage {
+                    0 => (2, 2),
+                    1 => (2, 1),
+                    2 => (k + 1, k),
+                    _ => (3 * k, k),
+                };
                 assert_eq!(c.theory, factor * psi * (n - 1) / n, "{ctx}");
                 assert_eq!(
                     c.last_step.grad_reduce + c.last_step.param_gather,
                     c.theory,
                     "{ctx}: {c:?}"
                 );
-                let reduce = if stage == 0 { 2 } else { 1 } * psi * (n - 1) / n;
+                let reduce = reductions * psi * (n - 1) / n;
                 assert_eq!(
                     c.last_step.grad_reduce,
                     reduce,
@@ -123,5 +132,96 @@ fn elements_sent_per_step_are_exactly_the_papers() {
                 assert_eq!(c.last_step.control, 2 * (n - 1), "{ctx}");
             }
         }
+    }
+}
+
+/// Offloading moves the fp32 state off the device byte for byte: the device keeps the
+/// 16-bit parameters and gradients, the host (cpu) or NVMe holds master, exp_avg and
+/// exp_avg_sq of the owned partition, and the tiers together hold the paper's bytes. The
+/// host's staging stays a few MiB whatever the model.
+#[test]
+fn offloaded_state_is_reported_in_its_tier() {
+    let seed = seed("memory offload");
+    let world = 4;
+    let data = dataset(seed, 3 * world);
+    let nvme = tempfile::Builder::new()
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    for stage in 1..=3u8 {
+        for device in ["cpu", "nvme"] {
+            let offload = serde_json::json!({"device": device, "nvme_path": nvme.path()});
+            let cfg = zero_tests::with_offload(
+                &config(stage, 1, 1_000_000),
+                "offload_optimizer",
+                &offload,
+                None,
+            );
+            let reports = run_ranks(world, &cfg, seed, |e| {
+                train_step(e, &data, 0, None).unwrap();
+                e.memory_report()
+            });
+            let r = reports[0];
+            let ctx = format!("stage {stage} {device}");
+            let owned = 4 * r.padded_numel / world;
+            assert_eq!(
+                (r.master, r.exp_avg, r.exp_avg_sq),
+                (0, 0, 0),
+                "{ctx}: {r:?}"
+            );
+            let (tier, other) = if device == "cpu" {
+                (r.host, r.nvme)
+            } else {
+                (r.nvme, r.host)
+            };
+            assert_eq!(
+                (tier.master, tier.exp_avg, tier.exp_avg_sq),
+                (owned, owned, owned),
+                "{ctx}: {r:?}"
+            );
+            assert_eq!(other.master + other.exp_avg + other.exp_avg_sq, 0, "{ctx}");
+            assert_eq!(r.model_states_all_tiers(), r.formula, "{ctx}: {r:?}");
+            assert!(
+                r.host.buffers > 0 && r.host.buffers < 64 << 20,
+                "{ctx}: host staging {}",
+                r.host.buffers
+            );
+        }
+    }
+}
+
+/// `offload_param` moves stage 3's owned 16-bit partitions off the device: the device
+/// keeps no parameter bytes at rest (no bucket is persistent here), the tier holds 2Ψ'/N,
+/// and the tiers together still hold the paper's bytes.
+#[test]
+fn offloaded_parameters_are_reported_in_their_tier() {
+    let seed = seed("memory param offload");
+    let world = 4;
+    let data = dataset(seed, 3 * world);
+    let nvme = tempfile::Builder::new()
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    for device in ["cpu", "nvme"] {
+        let tier = serde_json::json!({"device": device, "nvme_path": nvme.path()});
+        let cfg = zero_tests::with_offload(
+            &zero_tests::with_offload(&config(3, 1, 1_000_000), "offload_param", &tier, None),
+            "offload_optimizer",
+            &tier,
+            None,
+        );
+        let reports = run_ranks(world, &cfg, seed, |e| {
+            train_step(e, &data, 0, None).unwrap();
+            e.memory_report()
+        });
+        let r = reports[0];
+        let owned16 = 2 * r.padded_numel / world;
+        let (t, other) = if device == "cpu" {
+            (r.host, r.nvme)
+        } else {
+            (r.nvme, r.host)
+        };
+        assert_eq!(r.params, 0, "{device}: {r:?}");
+        assert_eq!(t.params, owned16, "{device}: {r:?}");
+        assert_eq!(other.params, 0, "{device}: {r:?}");
+        assert_eq!(r.model_states_all_tiers(), r.formula, "{device}: {r:?}");
     }
 }

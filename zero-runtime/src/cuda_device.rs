@@ -2,9 +2,10 @@
 //! queued on this rank's stream (`zero-kernels`' CUDA half). The engine is the same as on
 //! the host; only this trait implementation differs.
 
-use crate::device::{AdamState, Device};
+use crate::device::{AdamState, Device, HostDevice};
 use crate::EngineError;
 use std::ops::Range;
+use zero_comm::HostBuffer;
 use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuError, GpuStream, GradScale};
 use zero_kernels::{with_gpu_type, AdamConfig, DType, GradStats};
 
@@ -105,6 +106,54 @@ impl Device for CudaDevice {
         let mut cur = self.download_f32(dst, offset..offset + src.len())?;
         cur.iter_mut().zip(src).for_each(|(c, s)| *c += *s);
         self.upload_f32(dst, offset, &cur)
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &GpuBuffer,
+        range: Range<usize>,
+        dst: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        let n = range.len();
+        if dst.len() < offset + n {
+            return Err(EngineError::Internal(format!(
+                "copy to host: {} elements at {offset} into a buffer of {}",
+                n,
+                dst.len()
+            )));
+        }
+        if src.dtype() == dst.dtype() {
+            return with_gpu_type!(src.dtype(), T => {
+                let view = src.view::<T>(range).map_err(device_error)?;
+                let d = dst.as_mut_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+                self.stream.download_view(&view, &mut d[offset..offset + n]).map_err(device_error)
+            });
+        }
+        let wide = self.download_f32(src, range)?;
+        let host = HostDevice;
+        host.upload_f32(dst, offset, &wide)
+    }
+
+    fn copy_from_host(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut GpuBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        let n = range.len();
+        let tmp = with_gpu_type!(src.dtype(), T => {
+            let s = src.as_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+            self.stream.upload(&s[range]).map_err(device_error)?
+        });
+        self.stream
+            .copy(&tmp, 0..n, dst, offset)
+            .map_err(device_error)
+    }
+
+    fn pins_host_memory(&self) -> bool {
+        true
     }
 
     fn copy(

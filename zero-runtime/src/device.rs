@@ -21,6 +21,26 @@ pub struct AdamState<B> {
     pub exp_avg_sq: B,
 }
 
+impl<B> AdamState<B> {
+    /// Array `kind`: 0 master, 1 exp_avg, 2 exp_avg_sq.
+    pub fn array(&self, kind: usize) -> &B {
+        match kind {
+            0 => &self.master,
+            1 => &self.exp_avg,
+            _ => &self.exp_avg_sq,
+        }
+    }
+
+    /// Array `kind`, mutable.
+    pub fn array_mut(&mut self, kind: usize) -> &mut B {
+        match kind {
+            0 => &mut self.master,
+            1 => &mut self.exp_avg,
+            _ => &mut self.exp_avg_sq,
+        }
+    }
+}
+
 /// Buffer operations of one device.
 pub trait Device: Send {
     /// The buffer type (the communicator's buffer type too).
@@ -66,6 +86,29 @@ pub trait Device: Send {
         offset: usize,
         src: &[f32],
     ) -> Result<(), EngineError>;
+    /// Copies `src[range]` into the host buffer `dst[offset..]`, converting to its dtype
+    /// (the offload path's device → host crossing; same dtype: a plain copy).
+    fn copy_to_host(
+        &self,
+        src: &Self::Buffer,
+        range: Range<usize>,
+        dst: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError>;
+    /// Copies host `src[range]` into `dst[offset..]`, converting to its dtype (the
+    /// offload path's host → device crossing).
+    fn copy_from_host(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut Self::Buffer,
+        offset: usize,
+    ) -> Result<(), EngineError>;
+    /// Whether host memory this device copies through is pinned (a GPU): what the
+    /// locked-memory limit must cover.
+    fn pins_host_memory(&self) -> bool {
+        false
+    }
     /// Copies `src[range]` to `dst[offset..]`, converting dtype.
     fn copy(
         &self,
@@ -213,6 +256,26 @@ impl Device for HostDevice {
         let n = range.len();
         with_slice!(src, s => with_slice!(dst, d => copy_typed(&s[range.clone()], &mut d[offset..offset + n])?));
         Ok(())
+    }
+
+    fn copy_to_host(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        self.copy(src, range, dst, offset)
+    }
+
+    fn copy_from_host(
+        &self,
+        src: &HostBuffer,
+        range: Range<usize>,
+        dst: &mut HostBuffer,
+        offset: usize,
+    ) -> Result<(), EngineError> {
+        self.copy(src, range, dst, offset)
     }
 
     fn accumulate(

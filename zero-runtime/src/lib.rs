@@ -18,7 +18,8 @@ pub use config::{ConfigError, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
 pub use device::{Device, HostDevice};
 pub use engine::{
-    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StatePiece, StepOutcome, Timings,
+    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StatePiece, StepOutcome,
+    TierBytes, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

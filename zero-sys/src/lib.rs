@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod driver;
+pub mod fs;
 mod loader;
 pub mod nccl;
 pub mod nvrtc;

@@ -120,12 +120,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.plan.buckets[b].layout.partition_len(),
             self.plan.buckets[b].layout.total_len(),
         );
-        let shard = state
-            .params
-            .as_ref()
-            .ok_or_else(|| EngineError::Internal("parameter shard in flight".into()))?;
-        let mut input = self.dev.zeros(self.dtype, part)?;
-        self.dev.copy(shard, 0..part, &mut input, 0)?;
+        let input = self.shard_input(b)?;
+        debug_assert_eq!(self.dev.len(&input), part);
         let output = self.dev.zeros(self.dtype, total)?;
         let work = self.issue(
             |c| &mut c.param_gather,

@@ -18,12 +18,13 @@ mod buffers;
 mod checkpoint;
 mod gather;
 mod grads;
+mod offload;
 mod report;
 mod step;
 mod views;
 
 pub use checkpoint::StatePiece;
-pub use report::{CommReport, MemoryReport, StepOutcome, Timings};
+pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 
 use crate::config::{Precision, ZeroConfig};
 use crate::device::{AdamState, Device};
@@ -140,6 +141,10 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     last_step_comm: CommCounters,
     timings: report::Clock,
     last_load_stats: crate::io::ReadStats,
+    /// The optimizer state when it lives off the device.
+    offload: Option<offload::Offload>,
+    /// Stage 3's owned parameter partitions when they live off the device.
+    param_tier: Option<offload::ParamTier>,
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -154,20 +159,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         mut init: impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
     ) -> Result<Self, EngineError> {
         validate_model(&modules)?;
-        for (key, device) in [
-            ("offload_optimizer", cfg.zero.offload_optimizer.device),
-            ("offload_param", cfg.zero.offload_param.device),
-        ] {
-            if device != crate::config::OffloadDevice::None {
-                return Err(crate::ConfigError::Unsupported {
-                    key: format!("zero_optimization.{key}.device"),
-                    reason: format!(
-                        "{device:?}: the engine does not offload yet (the config is read; the tiers are being built); use \"none\""
-                    ),
-                }
-                .into());
-            }
-        }
         let (rank, world) = (comm.rank(), comm.world_size());
         let expected =
             cfg.train_batch_size / (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps);
@@ -194,17 +185,27 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             clamp(cfg.zero.param_persistence_threshold),
         )?;
         let accumulate = cfg.gradient_accumulation_steps > 1;
+        let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
+        let params_offloaded = policy.shards_parameters()
+            && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
         let mut buckets = Vec::with_capacity(plan.buckets.len());
         for b in &plan.buckets {
             let (total, part) = (b.layout.total_len(), b.layout.partition_len());
-            let owned = if policy.shards_optimizer() {
+            let owned = if offloaded {
+                0 // the state lives in the offload tier
+            } else if policy.shards_optimizer() {
                 part
             } else {
                 total
             };
             let sharded_params = policy.shards_parameters() && !b.persistent;
+            let params_len = match (sharded_params, params_offloaded) {
+                (true, true) => 0, // the partition lives in the parameter tier
+                (true, false) => part,
+                (false, _) => total,
+            };
             buckets.push(BucketState {
-                params: Some(dev.zeros(dtype, if sharded_params { part } else { total })?),
+                params: Some(dev.zeros(dtype, params_len)?),
                 grads: (!policy.shards_gradients())
                     .then(|| dev.zeros(dtype, total))
                     .transpose()?,
@@ -240,6 +241,40 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
+        let offload = if offloaded {
+            let owned: Vec<usize> = plan
+                .buckets
+                .iter()
+                .map(|b| b.layout.partition_len())
+                .collect();
+            Some(offload::Offload::new(
+                &cfg.zero.offload_optimizer,
+                cfg.aio,
+                cfg.zero.sub_group_size,
+                &owned,
+                dtype,
+                rank,
+                dev.pins_host_memory(),
+            )?)
+        } else {
+            None
+        };
+        let param_tier = if params_offloaded {
+            let parts = plan
+                .buckets
+                .iter()
+                .map(|b| (!b.persistent).then(|| b.layout.partition_len()))
+                .collect();
+            Some(offload::ParamTier::new(
+                &cfg.zero.offload_param,
+                cfg.aio,
+                parts,
+                dtype,
+                rank,
+            )?)
+        } else {
+            None
+        };
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
             schedule: LrSchedule::new(cfg.optimizer.adam.lr as f64, cfg.scheduler),
@@ -275,6 +310,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             last_step_comm: CommCounters::default(),
             timings: report::Clock::default(),
             last_load_stats: crate::io::ReadStats::default(),
+            offload,
+            param_tier,
         };
         engine.initialize(&mut init)?;
         Ok(engine)
@@ -285,9 +322,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         init: &mut impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
     ) -> Result<(), EngineError> {
         let mut values = Vec::new();
-        for (mi, m) in self.modules.iter().enumerate() {
-            for (k, spec) in m.params.iter().enumerate() {
+        for mi in 0..self.modules.len() {
+            for k in 0..self.modules[mi].params.len() {
                 let id = self.first_param[mi] + k;
+                let spec = &self.modules[mi].params[k];
                 values.clear();
                 values.resize(spec.numel(), 0.0);
                 init(id, spec, &mut values);
@@ -296,28 +334,28 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         self.dev.upload_f32(&mut self.frozen, offset, &values)?
                     }
                     ParamLoc::Bucket { bucket, index } => {
-                        let sharded = self.params_sharded(bucket);
                         let plan = &self.plan.buckets[bucket];
-                        let params = self.buckets[bucket]
-                            .params
-                            .as_mut()
-                            .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
                         let tensor = plan.layout.tensor_range(index);
-                        if sharded {
+                        if self.params_sharded(bucket) {
                             let part = plan.layout.partition_range(self.rank)?;
-                            for s in plan
+                            let mine: Vec<_> = plan
                                 .layout
                                 .tensor_shards(index)?
                                 .into_iter()
                                 .filter(|s| s.rank == self.rank)
-                            {
-                                self.dev.upload_f32(
-                                    params,
+                                .collect();
+                            for s in mine {
+                                self.upload_owned_f32(
+                                    bucket,
                                     s.flat_range.start - part.start,
                                     &values[s.tensor_range],
                                 )?;
                             }
                         } else {
+                            let params = self.buckets[bucket]
+                                .params
+                                .as_mut()
+                                .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
                             self.dev.upload_f32(params, tensor.start, &values)?;
                         }
                     }
@@ -325,20 +363,26 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         // Master weights start from the (rounded) parameters of the owned range.
-        for (b, plan) in self.plan.buckets.iter().enumerate() {
+        if self.offload.is_some() {
+            return self.init_offloaded_master();
+        }
+        for b in 0..self.buckets.len() {
+            let params = self.take_params(b)?;
             let state = &mut self.buckets[b];
-            let params = state
-                .params
-                .as_ref()
-                .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
             let owned = self.dev.len(&state.opt.master);
-            let start = if self.dev.len(params) == owned {
+            let start = if self.dev.len(&params) == owned {
                 0
             } else {
-                plan.layout.partition_range(self.rank)?.start
+                self.plan.buckets[b]
+                    .layout
+                    .partition_range(self.rank)?
+                    .start
             };
-            self.dev
-                .copy(params, start..start + owned, &mut state.opt.master, 0)?;
+            let copied = self
+                .dev
+                .copy(&params, start..start + owned, &mut state.opt.master, 0);
+            self.put_params(b, params)?;
+            copied?;
         }
         Ok(())
     }

@@ -22,7 +22,32 @@ pub struct StepOutcome {
     pub scale_change: ScaleChange,
 }
 
-/// Bytes one rank holds, by category.
+/// Bytes one rank keeps in a memory tier off the device (host RAM or NVMe), by category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierBytes {
+    /// 16-bit parameters (`offload_param`).
+    pub params: usize,
+    /// fp32 master weights.
+    pub master: usize,
+    /// fp32 first moments.
+    pub exp_avg: usize,
+    /// fp32 second moments.
+    pub exp_avg_sq: usize,
+    /// Staging and pipeline buffers: one sub-group's gradients and parameters crossing
+    /// to and from the device, and the NVMe pipeline's blocks.
+    pub buffers: usize,
+}
+
+impl TierBytes {
+    /// Everything in the tier.
+    pub fn total(&self) -> usize {
+        self.params + self.master + self.exp_avg + self.exp_avg_sq + self.buffers
+    }
+}
+
+/// Bytes one rank holds, by category. The top-level fields are device memory (what the
+/// ZeRO paper's formula counts); [`host`](Self::host) and [`nvme`](Self::nvme) are what
+/// offloading moved off the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryReport {
     /// 16-bit (or fp32) parameters: whole buckets, or owned partitions in stage 3.
@@ -49,19 +74,32 @@ pub struct MemoryReport {
     pub numel: usize,
     /// Ψ': trainable parameters with alignment padding.
     pub padded_numel: usize,
-    /// The ZeRO paper's model-state bytes for this stage, Ψ' and world size.
+    /// The ZeRO paper's model-state bytes for this stage, Ψ' and world size (all on the
+    /// device, as without offload).
     pub formula: usize,
+    /// Host RAM taken by offloading.
+    pub host: TierBytes,
+    /// NVMe taken by offloading (swap files).
+    pub nvme: TierBytes,
 }
 
 impl MemoryReport {
-    /// Parameters + gradients + master + moments: what the paper's formula counts.
+    /// Parameters + gradients + master + moments on the device: what the paper's formula
+    /// counts.
     pub fn model_states(&self) -> usize {
         self.params + self.grads + self.master + self.exp_avg + self.exp_avg_sq
+    }
+
+    /// Model states in every tier: device, host and NVMe (equal to the formula when
+    /// offloading only moves them).
+    pub fn model_states_all_tiers(&self) -> usize {
+        let off = |t: &TierBytes| t.params + t.master + t.exp_avg + t.exp_avg_sq;
+        self.model_states() + off(&self.host) + off(&self.nvme)
     }
 }
 
 /// Elements sent by this rank, by purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommReport {
     /// Since the engine started.
     pub total: CommCounters,
@@ -69,9 +107,14 @@ pub struct CommReport {
     pub last_step: CommCounters,
     /// Ψ': what one step's volume is measured in.
     pub padded_numel: usize,
-    /// The paper's elements per step per rank for this stage: 2Ψ'(N−1)/N (stages 0–2) or
-    /// 3Ψ'(N−1)/N (stage 3), gradient reduction plus parameter gathers.
+    /// The paper's elements per optimizer step per rank for this stage and `K` micro-steps
+    /// of gradient accumulation, gradient reduction plus parameter gathers: stages 0–1
+    /// reduce once per step, 2Ψ'(N−1)/N; stage 2 reduce-scatters every micro-step and
+    /// gathers once, (K+1)Ψ'(N−1)/N; stage 3 gathers twice and reduce-scatters once every
+    /// micro-step, 3KΨ'(N−1)/N. With K = 1: 2Ψ and 3Ψ, the paper's.
     pub theory: u64,
+    /// [`theory`](Self::theory) as a formula, e.g. `(K+1)Ψ(N-1)/N, K = 3`.
+    pub theory_formula: String,
 }
 
 /// Time by phase.
@@ -185,6 +228,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
         r.frozen = size(&self.frozen);
+        if let Some(off) = &self.offload {
+            off.report(&mut r.host, &mut r.nvme);
+        }
+        if let Some(tier) = &self.param_tier {
+            tier.report(&mut r.host, &mut r.nvme);
+        }
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();
         let (psi, n) = (r.padded_numel, self.world);
@@ -201,16 +250,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub fn comm_report(&self) -> CommReport {
         let psi = self.plan.padded_numel() as u64;
         let n = self.world as u64;
-        let factor = if self.policy.shards_parameters() {
-            3
-        } else {
-            2
+        let k = self.cfg.gradient_accumulation_steps.max(1);
+        let (factor, formula) = match self.policy.stage {
+            0 | 1 => (2, "2Ψ(N-1)/N".to_string()),
+            2 if k == 1 => (2, "2Ψ(N-1)/N".to_string()),
+            2 => (k + 1, format!("(K+1)Ψ(N-1)/N, K = {k}")),
+            _ if k == 1 => (3, "3Ψ(N-1)/N".to_string()),
+            _ => (3 * k, format!("3KΨ(N-1)/N, K = {k}")),
         };
         CommReport {
             total: self.counters,
             last_step: self.last_step_comm,
             padded_numel: psi as usize,
             theory: factor * psi * (n - 1) / n,
+            theory_formula: formula,
         }
     }
 

@@ -113,7 +113,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// Where the gradients the optimizer reads for bucket `b` are, and this rank's range.
-    fn step_grads(&self, b: usize) -> Result<(&C::Buffer, std::ops::Range<usize>), EngineError> {
+    pub(super) fn step_grads(
+        &self,
+        b: usize,
+    ) -> Result<(&C::Buffer, std::ops::Range<usize>), EngineError> {
         let state = &self.buckets[b];
         let layout = &self.plan.buckets[b].layout;
         let missing = || EngineError::Internal(format!("bucket {b}'s gradients are missing"));
@@ -135,6 +138,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn update_parameters(&mut self, adam: &AdamConfig, grad_scale: f32) -> Result<(), EngineError> {
         let step = self.optimizer_steps;
         let mut gathers = Vec::new();
+        if self.offload.is_some() {
+            // The state lives off the device: the same Adam, sub-group by sub-group, then
+            // the same gathers.
+            self.offloaded_adam(adam, grad_scale)?;
+            return self.publish_params();
+        }
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
             let part = layout.partition_range(self.rank)?;
@@ -150,10 +159,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 (0..layout.total_len(), 0)
             };
             // The optimizer reads the gradients in place; take the buffers it writes out.
-            let mut params = self.buckets[b]
-                .params
-                .take()
-                .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+            let mut params = self.take_params(b)?;
             let mut opt = std::mem::replace(
                 &mut self.buckets[b].opt,
                 crate::device::AdamState {
@@ -176,7 +182,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 )
             };
             self.buckets[b].opt = opt;
-            result?;
+            if let Err(e) = result {
+                self.put_params(b, params)?;
+                return Err(e);
+            }
             self.return_params(b, params, part, &mut gathers)?;
         }
         self.finish_gathers(gathers)
@@ -200,10 +209,25 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 |comm| comm.all_gather(input, params),
             )?;
             gathers.push((b, work));
+            Ok(())
         } else {
-            self.buckets[b].params = Some(params);
+            self.put_params(b, params)
         }
-        Ok(())
+    }
+
+    /// After this rank wrote its owned range of every bucket's parameters in place (the
+    /// offloaded Adam, a load with offload): the same gathers as after a device step.
+    pub(super) fn publish_params(&mut self) -> Result<(), EngineError> {
+        let mut gathers = Vec::new();
+        for b in 0..self.buckets.len() {
+            if self.params_sharded(b) {
+                continue; // written in place, nothing to gather
+            }
+            let part = self.plan.buckets[b].layout.partition_range(self.rank)?;
+            let params = self.take_params(b)?;
+            self.return_params(b, params, part, &mut gathers)?;
+        }
+        self.finish_gathers(gathers)
     }
 
     /// Waits for the gathers of [`return_params`](Self::return_params).

@@ -29,14 +29,19 @@ impl AlignedBuf {
         }
     }
 
+    /// A placeholder holding no memory (for a slot whose buffer is lent out).
+    pub fn empty() -> Self {
+        Self { blocks: Vec::new() }
+    }
+
     /// Its size in bytes.
     pub fn len(&self) -> usize {
         self.blocks.len() * ALIGN
     }
 
-    /// Always false: the buffer holds at least one block.
+    /// Whether it holds no memory (only [`AlignedBuf::empty`]).
     pub fn is_empty(&self) -> bool {
-        false
+        self.blocks.is_empty()
     }
 
     /// The bytes.

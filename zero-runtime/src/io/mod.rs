@@ -1,6 +1,6 @@
 //! The one file I/O layer of the runtime: aligned, direct (`O_DIRECT`) where the file
-//! system allows it, checksummed while the bytes pass, and crash-safe. Checkpoints use it
-//! now; NVMe offload is to use the same pieces.
+//! system allows it, checksummed while the bytes pass, and crash-safe. Checkpoints and
+//! NVMe offload both use it.
 //!
 //! - [`AlignedBuf`]: heap memory aligned to [`ALIGN`] bytes, as `O_DIRECT` requires.
 //! - [`FileWriter`]: writes a new file under a temporary name with two buffers (one fills
@@ -10,16 +10,20 @@
 //! - [`RangeReader`]: reads byte ranges of a file, rounded out to whole chunks, verifies
 //!   each chunk's CRC-32C against the writer's, and counts what it read.
 //! - [`write_file`]: a small file (a manifest, `latest`) written the same crash-safe way.
+//! - [`SwapFile`]: a preallocated `O_DIRECT` file read and written in aligned blocks by a
+//!   pool of I/O threads, while the caller computes (NVMe offload).
 //!
 //! Where the file system refuses `O_DIRECT` (tmpfs, some network file systems), the same
 //! code runs through the page cache, with the same `fsync`s.
 
 mod aligned;
 mod reader;
+mod swap;
 mod writer;
 
 pub use aligned::{AlignedBuf, ALIGN};
 pub use reader::{RangeReader, ReadStats};
+pub use swap::{check_direct, SwapFile, Ticket};
 pub use writer::{write_file, FileWriter, WrittenFile};
 
 use std::path::{Path, PathBuf};

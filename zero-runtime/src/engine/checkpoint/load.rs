@@ -9,9 +9,12 @@
 //!    from the fp32 master weights (and all-gathered where the stage keeps them whole),
 //!    and the counters, loss scale and LR schedule are restored.
 
+use super::super::offload::{Offload, Staging};
 use super::super::Engine;
 use super::save::precision_name;
+use super::Piece;
 use crate::checkpoint::format::ParamEntry;
+use crate::checkpoint::resolve::CheckpointDir as Dir;
 use crate::checkpoint::resolve::{resolve_tag, CheckpointDir, StateKind};
 use crate::checkpoint::{CheckpointError, LoadOptions, Manifest};
 use crate::device::{AdamState, Device};
@@ -27,6 +30,8 @@ struct Staged<B> {
     opt: Vec<AdamState<B>>,
     /// Frozen parameters from the checkpoint: (offset in the frozen buffer, values).
     frozen: Vec<(usize, Vec<f32>)>,
+    /// The new offloaded state, when the state lives off the device.
+    offload: Option<Staging>,
     manifest: Manifest,
 }
 
@@ -71,9 +76,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             EngineError::Checkpoint(c) => c.clone(),
             other => CheckpointError::Io(other.to_string()),
         });
-        self.agree_outcome(outcome, "agreeing that every rank read its part")?;
-        let staged = staged?;
-        self.apply(staged, options)
+        if let Err(e) = self.agree_outcome(outcome, "agreeing that every rank read its part") {
+            if let Ok(staged) = staged {
+                self.discard(staged);
+            }
+            return Err(e);
+        }
+        self.apply(staged?, options)
     }
 
     /// Step 2: checks the manifest and reads this rank's part into new buffers.
@@ -144,7 +153,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let moments = options.load_optimizer_states && !options.load_module_only;
         let mut opt = Vec::with_capacity(self.buckets.len());
-        for b in 0..self.buckets.len() {
+        let on_device = if self.offload.is_some() {
+            0
+        } else {
+            self.buckets.len()
+        };
+        for b in 0..on_device {
             let cur = &self.buckets[b].opt;
             let n = self.dev.len(&cur.master);
             // Start from the current state: parameters the checkpoint lacks keep theirs.
@@ -205,12 +219,94 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 frozen.push((offset, values));
             }
         }
+        // Last, as nothing after it may fail: a staged offload copy must be committed or
+        // abandoned.
+        let offload = match self.offload.take() {
+            Some(mut off) => {
+                let r = self.read_offloaded(&mut off, &mut ckpt, &found, moments);
+                self.offload = Some(off);
+                Some(r?)
+            }
+            None => None,
+        };
         self.last_load_stats = ckpt.read_stats();
         Ok(Staged {
             opt,
             frozen,
+            offload,
             manifest: ckpt.manifest,
         })
+    }
+
+    /// Fills a new copy of the offloaded state, sub-group by sub-group: the current
+    /// values (parameters the checkpoint lacks keep theirs), moments zeroed unless loaded,
+    /// then what the checkpoint holds for this rank's partition.
+    fn read_offloaded(
+        &self,
+        off: &mut Offload,
+        ckpt: &mut Dir,
+        found: &[Option<ParamEntry>],
+        moments: bool,
+    ) -> Result<Staging, EngineError> {
+        let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.buckets.len());
+        for b in 0..self.buckets.len() {
+            pieces.push(self.held_pieces(b)?);
+        }
+        let kinds: &[(StateKind, usize)] = if moments {
+            &[
+                (StateKind::Master, 0),
+                (StateKind::ExpAvg, 1),
+                (StateKind::ExpAvgSq, 2),
+            ]
+        } else {
+            &[(StateKind::Master, 0)]
+        };
+        let mut st = off.begin_staging(true)?;
+        let filled = (|| -> Result<(), EngineError> {
+            for i in 0..off.groups.len() {
+                let g = off.groups[i].clone();
+                off.begin_region(&mut st, i, true)?;
+                if !moments {
+                    let zeros = vec![0f32; g.range.len()];
+                    off.put(&mut st, i, 1, 0, &zeros)?;
+                    off.put(&mut st, i, 2, 0, &zeros)?;
+                }
+                let start = self.opt_start(g.bucket)?;
+                for piece in &pieces[g.bucket] {
+                    let Some(entry) = &found[piece.param] else {
+                        continue;
+                    };
+                    let (lo, hi) = (piece.flat_range.start - start, piece.flat_range.end - start);
+                    let (a, z) = (lo.max(g.range.start), hi.min(g.range.end));
+                    if a >= z {
+                        continue;
+                    }
+                    let first = piece.tensor_range.start + (a - lo);
+                    for &(kind, which) in kinds {
+                        ckpt.read_state(entry, kind, first..first + (z - a), |o, vals| {
+                            off.put(&mut st, i, which, a - g.range.start + o, vals)
+                                .map_err(|e| CheckpointError::Io(e.to_string()))
+                        })?;
+                    }
+                }
+                off.end_region(&mut st, i)?;
+            }
+            Ok(())
+        })();
+        match filled {
+            Ok(()) => Ok(st),
+            Err(e) => {
+                off.abandon(st);
+                Err(e)
+            }
+        }
+    }
+
+    /// A load another rank failed: drops what this rank staged.
+    fn discard(&mut self, staged: Staged<C::Buffer>) {
+        if let (Some(st), Some(off)) = (staged.offload, self.offload.as_mut()) {
+            off.abandon(st);
+        }
     }
 
     /// Step 3: takes the new state.
@@ -219,6 +315,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         staged: Staged<C::Buffer>,
         options: LoadOptions,
     ) -> Result<serde_json::Value, EngineError> {
+        if let (Some(st), Some(off)) = (staged.offload, self.offload.as_mut()) {
+            off.commit(st)?;
+        }
         for (b, opt) in staged.opt.into_iter().enumerate() {
             self.buckets[b].opt = opt;
         }
@@ -249,14 +348,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The 16-bit parameters from the fp32 master weights: each rank rounds the range it
     /// holds, and buckets kept whole are all-gathered, as after an optimizer step.
     fn params_from_master(&mut self) -> Result<(), EngineError> {
+        if self.offload.is_some() {
+            self.offloaded_params_from_master()?;
+            return self.publish_params();
+        }
         let mut gathers = Vec::new();
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
             let part = layout.partition_range(self.rank)?;
-            let mut params = self.buckets[b]
-                .params
-                .take()
-                .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+            let mut params = self.take_params(b)?;
             let master = &self.buckets[b].opt.master;
             let n = self.dev.len(master);
             let offset = if self.policy.shards_optimizer() && !self.params_sharded(b) {
@@ -266,7 +366,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             let copied = self.dev.copy(master, 0..n, &mut params, offset);
             if let Err(e) = copied {
-                self.buckets[b].params = Some(params);
+                self.put_params(b, params)?;
                 return Err(e);
             }
             self.return_params(b, params, part, &mut gathers)?;

@@ -46,24 +46,50 @@ pub struct StatePiece {
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// This rank's partition of the fp32 optimizer state, by parameter: across the ranks
     /// the pieces cover every trainable element once (in stage 0 too, where every rank
-    /// holds all of it). For inspection and tests; a copy.
-    pub fn optimizer_state(&self) -> Result<Vec<StatePiece>, EngineError> {
+    /// holds all of it). For inspection and tests; a copy, read from the device or the
+    /// offload tier.
+    pub fn optimizer_state(&mut self) -> Result<Vec<StatePiece>, EngineError> {
         let mut out = Vec::new();
         for b in 0..self.buckets.len() {
             let start = self.opt_start(b)?;
-            let opt = &self.buckets[b].opt;
             for p in self.partition_pieces(b, self.rank)? {
                 let r = p.flat_range.start - start..p.flat_range.end - start;
+                let mut arrays: [Vec<f32>; 3] = Default::default();
+                for (kind, vals) in arrays.iter_mut().enumerate() {
+                    vals.resize(r.len(), 0.0);
+                    self.read_held(b, kind, r.clone(), |at, x| {
+                        vals[at..at + x.len()].copy_from_slice(x);
+                        Ok(())
+                    })?;
+                }
+                let [master, exp_avg, exp_avg_sq] = arrays;
                 out.push(StatePiece {
                     name: self.param_name(p.param),
                     elements: p.tensor_range,
-                    master: self.dev.download_f32(&opt.master, r.clone())?,
-                    exp_avg: self.dev.download_f32(&opt.exp_avg, r.clone())?,
-                    exp_avg_sq: self.dev.download_f32(&opt.exp_avg_sq, r)?,
+                    master,
+                    exp_avg,
+                    exp_avg_sq,
                 });
             }
         }
         Ok(out)
+    }
+
+    /// Elements `r` of bucket `b`'s held optimizer array `kind` (0 master, 1 exp_avg,
+    /// 2 exp_avg_sq), handed to `sink` as (offset in `r`, values), wherever the state
+    /// lives.
+    fn read_held(
+        &mut self,
+        b: usize,
+        kind: usize,
+        r: Range<usize>,
+        mut sink: impl FnMut(usize, &[f32]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        if let Some(off) = self.offload.as_mut() {
+            return off.read(b, kind, r, sink);
+        }
+        let vals = self.dev.download_f32(self.buckets[b].opt.array(kind), r)?;
+        sink(0, &vals)
     }
 
     /// The LR the next optimizer step uses.

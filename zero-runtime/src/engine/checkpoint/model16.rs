@@ -77,13 +77,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
             let gathered = if self.params_sharded(b) {
-                let own = self.buckets[b]
-                    .params
-                    .as_ref()
-                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
-                let mut input = self.dev.zeros(self.dtype, layout.partition_len())?;
-                self.dev
-                    .copy(own, 0..layout.partition_len(), &mut input, 0)?;
+                let input = self.shard_input(b)?;
                 let output = self.dev.zeros(self.dtype, layout.total_len())?;
                 let work = self.issue(
                     |c| &mut c.param_gather,

@@ -234,13 +234,32 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
     }
 
+    /// Streams elements `r` of bucket `b`'s held array `kind` into `w`: from the device
+    /// straight into the writer's buffer, or from the offload tier (on NVMe, the swap file).
+    fn save_state(
+        &mut self,
+        w: &mut FileWriter,
+        b: usize,
+        kind: usize,
+        r: std::ops::Range<usize>,
+    ) -> Result<(), EngineError> {
+        match self.offload.as_mut() {
+            Some(off) => off.read(b, kind, r, |_, vals| {
+                w.write(bytemuck::cast_slice(vals))
+                    .map_err(EngineError::from)
+            }),
+            None => stream_f32(&self.dev, w, self.buckets[b].opt.array(kind), r),
+        }
+    }
+
     /// Writes this rank's master, moments, (rank 0) frozen and index files.
     fn write_rank_files(
         &mut self,
         folder: &Path,
         save_id: &str,
     ) -> Result<Vec<FileEntry>, EngineError> {
-        let name = |kind: FileKind| folder.join(kind.file_name(self.rank, save_id));
+        let rank = self.rank;
+        let name = |kind: FileKind| folder.join(kind.file_name(rank, save_id));
         std::fs::create_dir_all(folder)
             .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", folder.display())))?;
         let mut pieces: Vec<(usize, Piece)> = Vec::new();
@@ -251,12 +270,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .map(|p| (b, p)),
             );
         }
+        let world = self.world;
         let meta = |kind: &str| {
             HashMap::from([
                 ("format".to_string(), FORMAT.to_string()),
                 ("kind".to_string(), kind.to_string()),
-                ("rank".to_string(), self.rank.to_string()),
-                ("world_size".to_string(), self.world.to_string()),
+                ("rank".to_string(), rank.to_string()),
+                ("world_size".to_string(), world.to_string()),
             ])
         };
         let spec = |name: String, len: usize| TensorSpec {
@@ -276,7 +296,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, p) in &pieces {
             let start = self.opt_start(*b)?;
             let r = p.flat_range.start - start..p.flat_range.end - start;
-            stream_f32(&self.dev, &mut w, &self.buckets[*b].opt.master, r)?;
+            self.save_state(&mut w, *b, 0, r)?;
         }
         written.push((w.finish()?, FileKind::Master));
 
@@ -297,9 +317,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, p) in &pieces {
             let start = self.opt_start(*b)?;
             let r = p.flat_range.start - start..p.flat_range.end - start;
-            let opt = &self.buckets[*b].opt;
-            stream_f32(&self.dev, &mut w, &opt.exp_avg, r.clone())?;
-            stream_f32(&self.dev, &mut w, &opt.exp_avg_sq, r)?;
+            self.save_state(&mut w, *b, 1, r.clone())?;
+            self.save_state(&mut w, *b, 2, r)?;
         }
         written.push((w.finish()?, FileKind::Moments));
 

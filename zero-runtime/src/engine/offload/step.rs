@@ -1,0 +1,298 @@
+//! The optimizer step with the state off the device, sub-group by sub-group: the same
+//! code for the host tier and NVMe (where the blocks are read ahead and written behind).
+
+use super::super::Engine;
+use super::{Offload, Store, SubGroup};
+use crate::device::Device;
+use crate::io::Ticket;
+use crate::EngineError;
+use std::collections::VecDeque;
+use zero_comm::{Communicator, HostBuffer};
+use zero_kernels::{adam_step, AdamConfig};
+
+/// Blocks read ahead of the one being stepped.
+const READ_AHEAD: usize = 2;
+
+/// Elements of a sub-group that cross to the host and back at a time (4 Mi: 24 MiB of
+/// host staging in bf16 with accumulation).
+const STAGE: usize = 1 << 22;
+
+/// [`STAGE`], or `ZERO_OFFLOAD_STAGE_ELEMENTS` (tests use it to cut tiny models into
+/// several chunks).
+pub(crate) fn stage_elements() -> usize {
+    std::env::var("ZERO_OFFLOAD_STAGE_ELEMENTS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(STAGE)
+}
+
+fn io(e: crate::io::IoError) -> EngineError {
+    EngineError::Device(e.to_string())
+}
+
+/// The fused CPU Adam over one sub-group: `grads[..n]` and `params[..n]` in their dtypes.
+#[allow(clippy::too_many_arguments)]
+fn cpu_adam(
+    cfg: &AdamConfig,
+    step: u64,
+    grad_scale: f32,
+    master: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grads: &HostBuffer,
+    params: &mut HostBuffer,
+) -> Result<(), EngineError> {
+    let n = master.len();
+    macro_rules! run {
+        ($g:expr) => {
+            match params {
+                HostBuffer::F32(p) => adam_step(
+                    cfg,
+                    step,
+                    grad_scale,
+                    master,
+                    m,
+                    v,
+                    &$g[..n],
+                    Some(&mut p[..n]),
+                ),
+                HostBuffer::F16(p) => adam_step(
+                    cfg,
+                    step,
+                    grad_scale,
+                    master,
+                    m,
+                    v,
+                    &$g[..n],
+                    Some(&mut p[..n]),
+                ),
+                HostBuffer::BF16(p) => adam_step(
+                    cfg,
+                    step,
+                    grad_scale,
+                    master,
+                    m,
+                    v,
+                    &$g[..n],
+                    Some(&mut p[..n]),
+                ),
+            }
+        };
+    }
+    match grads {
+        HostBuffer::F32(g) => run!(g),
+        HostBuffer::F16(g) => run!(g),
+        HostBuffer::BF16(g) => run!(g),
+    }
+    .map_err(EngineError::from)
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Adam over every sub-group of the offloaded state; the 16-bit parameters of each go
+    /// back to the device's buffers (the all-gathers follow, as on the device).
+    pub(in crate::engine) fn offloaded_adam(
+        &mut self,
+        adam: &AdamConfig,
+        grad_scale: f32,
+    ) -> Result<(), EngineError> {
+        let mut off = self
+            .offload
+            .take()
+            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
+        off.uncache();
+        let r = match off.store {
+            Store::Host(_) => self.host_pass(&mut off, adam, grad_scale),
+            Store::Nvme { .. } => self.nvme_pass(&mut off, adam, grad_scale),
+        };
+        self.offload = Some(off);
+        r
+    }
+
+    fn host_pass(
+        &mut self,
+        off: &mut Offload,
+        adam: &AdamConfig,
+        scale: f32,
+    ) -> Result<(), EngineError> {
+        for i in 0..off.groups.len() {
+            let g = off.groups[i].clone();
+            let Store::Host(per) = &mut off.store else {
+                return Err(EngineError::Internal("host pass on another tier".into()));
+            };
+            let [master, m, v] = &mut per[g.bucket];
+            let r = g.range.clone();
+            let (grads, params) = (&mut off.grads, &mut off.params);
+            self.step_group(
+                &g,
+                adam,
+                scale,
+                &mut master[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r],
+                grads,
+                params,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// NVMe: block i+1 (and i+2) is read while block i is stepped and block i−1 written.
+    fn nvme_pass(
+        &mut self,
+        off: &mut Offload,
+        adam: &AdamConfig,
+        scale: f32,
+    ) -> Result<(), EngineError> {
+        let Store::Nvme { file, buffers, .. } = &mut off.store else {
+            return Err(EngineError::Internal("NVMe pass on another tier".into()));
+        };
+        let mut free: Vec<_> = std::mem::take(buffers);
+        let groups = off.groups.clone();
+        let mut reads: VecDeque<(usize, Ticket)> = VecDeque::new();
+        let mut writes: VecDeque<Ticket> = VecDeque::new();
+        let mut next = 0;
+        let result = (|| -> Result<(), EngineError> {
+            for i in 0..groups.len() {
+                // Keep up to READ_AHEAD blocks in flight, reusing written buffers.
+                while next < groups.len() && reads.len() < READ_AHEAD {
+                    if free.is_empty() {
+                        match writes.pop_front() {
+                            Some(t) => free.push(file.wait(t).map_err(io)?),
+                            None => break,
+                        }
+                    }
+                    let Some(buf) = free.pop() else { break };
+                    let g = &groups[next];
+                    reads.push_back((next, file.read(buf, g.offset, g.block).map_err(io)?));
+                    next += 1;
+                }
+                let (at, t) = reads
+                    .pop_front()
+                    .ok_or_else(|| EngineError::Internal("no block read ahead".into()))?;
+                debug_assert_eq!(at, i);
+                let mut buf = file.wait(t).map_err(io)?;
+                let g = &groups[i];
+                let n = g.range.len();
+                {
+                    let all: &mut [f32] = bytemuck::try_cast_slice_mut(buf.as_mut_slice())
+                        .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
+                    let (master, rest) = all[..3 * n].split_at_mut(n);
+                    let (m, v) = rest.split_at_mut(n);
+                    let (grads, params) = (&mut off.grads, &mut off.params);
+                    self.step_group(g, adam, scale, master, m, v, grads, params)?;
+                }
+                writes.push_back(file.write(buf, g.offset, g.block).map_err(io)?);
+            }
+            while let Some(t) = writes.pop_front() {
+                free.push(file.wait(t).map_err(io)?);
+            }
+            Ok(())
+        })();
+        // On an error, take back what is still in flight before handing the buffers back.
+        for (_, t) in reads.drain(..) {
+            if let Ok(b) = file.wait(t) {
+                free.push(b);
+            }
+        }
+        for t in writes.drain(..) {
+            if let Ok(b) = file.wait(t) {
+                free.push(b);
+            }
+        }
+        *buffers = free;
+        off.pipeline.refill(buffers);
+        result
+    }
+
+    /// One sub-group, in chunks of at most [`stage_elements`]: gradients to the host, the
+    /// fused Adam, parameters back. Adam is elementwise, so chunks change no bit; they
+    /// bound the host staging to a few MiB whatever `sub_group_size` is.
+    #[allow(clippy::too_many_arguments)]
+    fn step_group(
+        &mut self,
+        g: &SubGroup,
+        adam: &AdamConfig,
+        scale: f32,
+        master: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &mut [HostBuffer],
+        params: &mut HostBuffer,
+    ) -> Result<(), EngineError> {
+        let b = g.bucket;
+        let (gbuf, grange) = self.step_grads(b)?;
+        let dtype = self.dev.dtype(gbuf);
+        let stage = grads
+            .iter_mut()
+            .find(|h| h.dtype() == dtype)
+            .ok_or_else(|| EngineError::Internal(format!("no {dtype} gradient staging")))?;
+        let from = grange.start + g.range.start;
+        let chunk = params.len();
+        let mut at = 0;
+        while at < g.range.len() {
+            let n = chunk.min(g.range.len() - at);
+            let (gbuf, _) = self.step_grads(b)?;
+            self.dev
+                .copy_to_host(gbuf, from + at..from + at + n, stage, 0)?;
+            let r = at..at + n;
+            cpu_adam(
+                adam,
+                self.optimizer_steps,
+                scale,
+                &mut master[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r],
+                stage,
+                params,
+            )?;
+            self.write_owned_params(b, g.range.start + at, params, 0..n)?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Initialization: each sub-group's master weights from the (rounded) parameters,
+    /// moments zero.
+    pub(in crate::engine) fn init_offloaded_master(&mut self) -> Result<(), EngineError> {
+        let mut off = self
+            .offload
+            .take()
+            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
+        let r = (|| {
+            let mut st = off.begin_staging(false)?;
+            let mut vals = Vec::new();
+            for i in 0..off.groups.len() {
+                let g = off.groups[i].clone();
+                off.begin_region(&mut st, i, false)?;
+                vals.resize(g.range.len(), 0.0);
+                self.owned_params_f32(g.bucket, g.range.clone(), &mut vals)?;
+                off.put(&mut st, i, 0, 0, &vals)?;
+                off.end_region(&mut st, i)?;
+            }
+            off.commit(st)
+        })();
+        self.offload = Some(off);
+        r
+    }
+
+    /// The owned 16-bit parameters from the offloaded master weights (after a load; the
+    /// all-gathers follow).
+    pub(in crate::engine) fn offloaded_params_from_master(&mut self) -> Result<(), EngineError> {
+        let mut off = self
+            .offload
+            .take()
+            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
+        let r = (|| {
+            for b in 0..self.buckets.len() {
+                let n = self.plan.buckets[b].layout.partition_len();
+                off.read(b, 0, 0..n, |o, vals| self.upload_owned_f32(b, o, vals))?;
+            }
+            Ok(())
+        })();
+        self.offload = Some(off);
+        r
+    }
+}

@@ -18,96 +18,13 @@
 //! docs/BENCHMARKS.md records.
 
 use serde_json::json;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use zero_benches::disk::{gbs, measured, probe, BLOCK};
 use zero_comm::HostGroup;
 use zero_kernels::DType;
 use zero_runtime::checkpoint::export::export_safetensors;
 use zero_runtime::checkpoint::CheckpointDir;
-use zero_runtime::io::{AlignedBuf, DEFAULT_BUFFER};
+use zero_runtime::io::DEFAULT_BUFFER;
 use zero_runtime::{Engine, HostDevice, LoadOptions, ModuleSpec, ParamSpec, ZeroConfig};
-
-const BLOCK: usize = 8 << 20;
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
-/// Runs `f`, sampling RSS every 2 ms; (result, seconds, peak RSS above the start).
-fn measured<R>(f: impl FnOnce() -> R) -> (R, f64, u64) {
-    let start = rss_bytes();
-    let peak = AtomicU64::new(start);
-    let done = AtomicBool::new(false);
-    let (r, secs) = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_bytes(), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        });
-        let t = Instant::now();
-        let r = f();
-        let secs = t.elapsed().as_secs_f64();
-        done.store(true, Ordering::Relaxed);
-        (r, secs)
-    });
-    let peak = peak.load(Ordering::Relaxed).max(rss_bytes());
-    (r, secs, peak.saturating_sub(start))
-}
-
-/// The roofline: sequential O_DIRECT write (with fsync) and read of `bytes`.
-fn probe(dir: &Path, bytes: u64) -> (f64, f64) {
-    let path = dir.join("probe.bin");
-    let mut buf = AlignedBuf::new(BLOCK);
-    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
-        *b = (i * 7 % 251) as u8;
-    }
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .expect("O_DIRECT write (this folder's file system must support it)");
-    let t = Instant::now();
-    let mut at = 0;
-    while at < bytes {
-        f.write_all_at(buf.as_slice(), at).expect("write");
-        at += BLOCK as u64;
-    }
-    f.sync_all().expect("fsync");
-    let write = bytes as f64 / t.elapsed().as_secs_f64();
-    drop(f);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .expect("O_DIRECT read");
-    let t = Instant::now();
-    let mut at = 0;
-    while at < bytes {
-        let n = f.read_at(buf.as_mut_slice(), at).expect("read");
-        assert!(n > 0);
-        at += n as u64;
-    }
-    let read = bytes as f64 / t.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(&path);
-    (write, read)
-}
-
-fn gbs(bytes_per_s: f64) -> String {
-    format!("{:.2} GB/s", bytes_per_s / 1e9)
-}
 
 fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--exact") {
@@ -165,7 +82,7 @@ fn main() {
     let (mut written, mut read, mut exported) = (0u64, 0u64, 0u64);
     let (mut save_mem, mut load_mem, mut export_mem) = (0u64, 0u64, 0u64);
     for rep in 0..reps {
-        let (wb, rb) = probe(&dir, probe_bytes);
+        let (wb, rb) = probe(&dir, probe_bytes, 1);
         w.push(wb);
         r.push(rb);
         let _ = std::fs::remove_dir_all(&ckpt);

@@ -1,5 +1,8 @@
-//! Shared helpers of the criterion benches: sizes, fast input filling and the criterion
-//! configuration every bench uses.
+//! Shared helpers of the benches: sizes, fast input filling, the criterion configuration
+//! every bench uses, and the disk probe and memory sampling of the I/O benches.
+
+pub mod disk;
+pub mod offload;
 
 use criterion::Criterion;
 use std::time::Duration;

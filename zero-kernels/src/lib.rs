@@ -13,7 +13,7 @@ mod stats;
 pub mod testing;
 
 pub use adam::{adam_step, AdamConfig, WeightDecay};
-pub use cast::cast;
+pub use cast::{cast, copy};
 pub use dtype::{bf16_from_f32_rne, DType, Element};
 pub use error::KernelError;
 pub use flatten::{flatten, tensor_views, tensor_views_mut, unflatten};

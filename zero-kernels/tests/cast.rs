@@ -2,7 +2,7 @@ mod common;
 
 use common::*;
 use half::{bf16, f16};
-use zero_kernels::{cast, Element, KernelError};
+use zero_kernels::{cast, copy, Element, KernelError};
 
 fn check<S: Element, D: RefRound>(rng: &mut rand_chacha::ChaCha8Rng) {
     for n in LENGTHS {
@@ -74,4 +74,45 @@ fn result_is_the_same_on_one_thread_and_many() {
         })
     };
     assert_eq!(run(1), run(4));
+}
+
+fn check_copy<T: Element>(rng: &mut rand_chacha::ChaCha8Rng) {
+    for n in LENGTHS {
+        let mut src: Vec<T> = wide_vec(rng, n).into_iter().map(T::from_f32).collect();
+        plant_non_finite(rng, &mut src);
+        let mut dst = vec![poison::<T>(); n];
+        copy(&src, &mut dst).expect("equal lengths");
+        assert_eq!(bits(&dst), bits(&src), "{} n={n}", T::DTYPE);
+    }
+}
+
+#[test]
+fn copy_is_bit_for_bit_on_any_thread_count() {
+    let mut rng = seeded("copy");
+    check_copy::<f32>(&mut rng);
+    check_copy::<f16>(&mut rng);
+    check_copy::<bf16>(&mut rng);
+    // NaN payloads survive (a trip through f32 may not keep them).
+    let src = [
+        bf16::from_bits(0x7fc1),
+        bf16::from_bits(0xffa3),
+        bf16::from_f32(1.5),
+    ];
+    let mut dst = [bf16::ZERO; 3];
+    copy(&src, &mut dst).unwrap();
+    assert_eq!(bits(&dst), bits(&src));
+    let big: Vec<f32> = wide_vec(&mut rng, (1 << 20) + 5);
+    let run = |t| {
+        in_pool(t, || {
+            let mut d = vec![poison::<f32>(); big.len()];
+            copy(&big, &mut d).unwrap();
+            bits(&d)
+        })
+    };
+    assert_eq!(run(1), bits(&big));
+    assert_eq!(run(4), bits(&big));
+    assert!(copy(&[1.0f32; 3], &mut [0.0f32; 2])
+        .unwrap_err()
+        .to_string()
+        .contains("copy: dst"));
 }

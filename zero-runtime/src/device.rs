@@ -254,7 +254,18 @@ impl Device for HostDevice {
             dst.len(),
         )?;
         let n = range.len();
-        with_slice!(src, s => with_slice!(dst, d => copy_typed(&s[range.clone()], &mut d[offset..offset + n])?));
+        let to = offset..offset + n;
+        // The same dtype: a plain memcpy (bit for bit, NaN payloads included).
+        match (src, &mut *dst) {
+            (HostBuffer::F32(s), HostBuffer::F32(d)) => zero_kernels::copy(&s[range], &mut d[to])?,
+            (HostBuffer::F16(s), HostBuffer::F16(d)) => zero_kernels::copy(&s[range], &mut d[to])?,
+            (HostBuffer::BF16(s), HostBuffer::BF16(d)) => {
+                zero_kernels::copy(&s[range], &mut d[to])?
+            }
+            _ => {
+                with_slice!(src, s => with_slice!(dst, d => copy_typed(&s[range.clone()], &mut d[to.clone()])?))
+            }
+        }
         Ok(())
     }
 

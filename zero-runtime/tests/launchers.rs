@@ -6,16 +6,10 @@
 //! one `cargo test` builds before it runs the tests (run the whole test command: a run
 //! filtered to this file alone does not rebuild the example).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-/// The example binary `cargo test` built beside this test.
-fn example() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let path = dir.join("examples").join("train");
-    path.is_file().then_some(path)
-}
+use common::{example, output_within};
+use std::process::Command;
 
 /// Runs the example with `vars` and `args`; (success, stderr).
 fn run(vars: &[(&str, &str)], args: &[&str]) -> (bool, String) {
@@ -24,13 +18,12 @@ fn run(vars: &[(&str, &str)], args: &[&str]) -> (bool, String) {
     for k in zero_comm::nccl::LAUNCH_VARIABLES {
         cmd.env_remove(k);
     }
-    let out = cmd
-        .envs(vars.iter().copied())
+    cmd.envs(vars.iter().copied())
         .env("ZERO_CUDA_LIB", "/nonexistent/libcuda.so.1")
         .env("ZERO_NCCL_LIB", "/nonexistent/libnccl.so.2")
-        .args(args)
-        .output()
-        .expect("run the example");
+        .args(args);
+    let out = output_within(&mut cmd, std::time::Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("the example: {e}"));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -6,6 +6,8 @@
 //! cargo run --release --example train -- --config ds_config.json --stage 2 --precision fp16
 //! cargo run --release --example train -- --steps 600 --save-dir ckpt --save-every 200
 //! cargo run --release --example train -- --ranks 3 --stage 2 --resume ckpt   # any world size and stage
+//! cargo run --release --example train -- --offload-optimizer cpu              # ZeRO-Offload
+//! cargo run --release --example train -- --config configs/stage3_offload_param_cpu.json
 //! ```
 
 mod lm;
@@ -26,6 +28,13 @@ enum PrecisionArg {
     Fp32,
     Fp16,
     Bf16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OffloadArg {
+    None,
+    Cpu,
+    Nvme,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -79,6 +88,17 @@ struct Args {
     /// The checkpoint tag to resume from (default: the one `latest` names).
     #[arg(long, requires = "resume")]
     resume_tag: Option<String>,
+    /// Offload the optimizer state (ZeRO-Offload: cpu; ZeRO-Infinity: nvme, with
+    /// --nvme-path); overrides zero_optimization.offload_optimizer.device.
+    #[arg(long, value_enum)]
+    offload_optimizer: Option<OffloadArg>,
+    /// Offload stage 3's parameter partitions (cpu or nvme); overrides
+    /// zero_optimization.offload_param.device.
+    #[arg(long, value_enum)]
+    offload_param: Option<OffloadArg>,
+    /// The folder NVMe offload puts its swap files in (sets both nvme_path keys).
+    #[arg(long)]
+    nvme_path: Option<PathBuf>,
     /// The local rank, as the deepspeed launcher passes it (`--local_rank=N`, unless it is
     /// given `--no_local_rank`); it must agree with the launcher's environment.
     #[arg(long = "local_rank", alias = "local-rank")]
@@ -246,6 +266,30 @@ fn overrides(
             json!(p == PrecisionArg::Bf16),
             &flag,
         );
+    }
+    for (key, flag) in [
+        ("offload_optimizer", args.offload_optimizer),
+        ("offload_param", args.offload_param),
+    ] {
+        if let Some(d) = flag {
+            let name = format!("{d:?}").to_lowercase();
+            set(
+                &mut v,
+                &["zero_optimization", key, "device"],
+                json!(name),
+                &format!("--{} {name}", key.replace('_', "-")),
+            );
+        }
+    }
+    if let Some(path) = &args.nvme_path {
+        for key in ["offload_optimizer", "offload_param"] {
+            set(
+                &mut v,
+                &["zero_optimization", key, "nvme_path"],
+                json!(path),
+                &format!("--nvme-path {}", path.display()),
+            );
+        }
     }
     if v.pointer("/scheduler/params/total_num_steps") == Some(&json!("auto")) {
         v["scheduler"]["params"]["total_num_steps"] = json!(args.steps);
@@ -452,27 +496,64 @@ fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
         fmt_count(m.numel as u64),
         fmt_count(m.padded_numel as u64)
     );
-    for (name, b) in [
-        ("parameters", m.params),
-        ("gradients", m.grads),
-        ("fp32 master", m.master),
-        ("fp32 exp_avg", m.exp_avg),
-        ("fp32 exp_avg_sq", m.exp_avg_sq),
+    let offloaded = m.host.total() + m.nvme.total() > 0;
+    if offloaded {
+        println!(
+            "  {:<18} {:>12} {:>12} {:>12}",
+            "", "device", "host", "nvme"
+        );
+    }
+    for (name, b, h, n) in [
+        ("parameters", m.params, m.host.params, m.nvme.params),
+        ("gradients", m.grads, 0, 0),
+        ("fp32 master", m.master, m.host.master, m.nvme.master),
+        ("fp32 exp_avg", m.exp_avg, m.host.exp_avg, m.nvme.exp_avg),
+        (
+            "fp32 exp_avg_sq",
+            m.exp_avg_sq,
+            m.host.exp_avg_sq,
+            m.nvme.exp_avg_sq,
+        ),
     ] {
-        println!("  {name:<18} {:>12}", mib(b));
+        if offloaded {
+            println!("  {name:<18} {:>12} {:>12} {:>12}", mib(b), mib(h), mib(n));
+        } else {
+            println!("  {name:<18} {:>12}", mib(b));
+        }
     }
     let paper = if matches!(cfg.precision, zero_runtime::Precision::Fp32) {
         "paper (fp32: 4-byte params and grads)"
     } else {
         "paper"
     };
-    println!(
-        "  {:<18} {:>12}   {paper} {} = {}",
-        "model states",
-        mib(m.model_states()),
-        formula_name(stage),
-        mib(m.formula)
-    );
+    if offloaded {
+        let off = |t: &zero_runtime::TierBytes| t.params + t.master + t.exp_avg + t.exp_avg_sq;
+        println!(
+            "  {:<18} {:>12} {:>12} {:>12}   all tiers {} = {paper} {} = {}",
+            "model states",
+            mib(m.model_states()),
+            mib(off(&m.host)),
+            mib(off(&m.nvme)),
+            mib(m.model_states_all_tiers()),
+            formula_name(stage),
+            mib(m.formula)
+        );
+        println!(
+            "  {:<18} {:>12} {:>12} {:>12}   (host: staging of one chunk and the NVMe pipeline; nvme: block alignment)",
+            "offload buffers",
+            "",
+            mib(m.host.buffers),
+            mib(m.nvme.buffers)
+        );
+    } else {
+        println!(
+            "  {:<18} {:>12}   {paper} {} = {}",
+            "model states",
+            mib(m.model_states()),
+            formula_name(stage),
+            mib(m.formula)
+        );
+    }
     if stage == 3 && m.model_states() > m.formula {
         let extra = fmt_count((m.model_states() - m.formula) as u64);
         println!("  {:<18} {:>12}   bytes above the formula: parameters at or under stage3_param_persistence_threshold stay whole", "", format!("+{extra}"));
@@ -496,18 +577,18 @@ fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
     }
     let c = &r.comm.last_step;
     println!(
-        "elements sent per step per rank: {} (gradient reduction {} + parameter gather {}) vs theory {}Ψ(N-1)/N = {}; norm/overflow exchange {}",
+        "elements sent per step per rank: {} (gradient reduction {} + parameter gather {}) vs theory {} = {}; norm/overflow exchange {}",
         fmt_count(c.grad_reduce + c.param_gather),
         fmt_count(c.grad_reduce),
         fmt_count(c.param_gather),
-        if stage == 3 { 3 } else { 2 },
+        r.comm.theory_formula,
         fmt_count(r.comm.theory),
         c.control
     );
     let sent = c.grad_reduce + c.param_gather;
     if stage == 3 && sent < r.comm.theory {
         println!(
-            "  ({} fewer than theory: parameters at or under stage3_param_persistence_threshold stay whole and are gathered once per step, not twice)",
+            "  ({} fewer than theory: parameters at or under stage3_param_persistence_threshold stay whole and are gathered once per step, not twice per micro-step)",
             fmt_count(r.comm.theory - sent)
         );
     }

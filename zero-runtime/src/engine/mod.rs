@@ -252,7 +252,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 cfg.aio,
                 cfg.zero.sub_group_size,
                 &owned,
-                dtype,
+                (
+                    dtype,
+                    if accumulate && policy.shards_gradients() {
+                        DType::F32
+                    } else {
+                        dtype
+                    },
+                ),
                 rank,
                 dev.pins_host_memory(),
             )?)

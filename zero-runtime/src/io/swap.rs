@@ -5,7 +5,7 @@
 //! on the I/O side while the caller computes, and [`SwapFile::wait`] hands the buffer back.
 //! Jobs run in the order submitted; each is cut into `block` byte requests issued by
 //! `workers` threads at once (`aio.intra_op_parallelism × aio.queue_depth`, the requests in
-//! flight). `O_DIRECT` is required: a file system that refuses it (tmpfs) is an error
+//! flight). `O_DIRECT` is required: a file system that refuses it (tmpfs before Linux 6.6) is an error
 //! naming the path, since the page cache would hold a second copy of everything swapped.
 
 use super::{os, AlignedBuf, IoError, ALIGN};
@@ -69,7 +69,7 @@ pub fn check_direct(dir: &Path) -> Result<(), IoError> {
     match r {
         Ok(_) => Ok(()),
         Err(e) => Err(IoError::Os {
-            op: "opening with O_DIRECT (NVMe offload needs a file system that supports it; tmpfs does not) a file in",
+            op: "opening with O_DIRECT (NVMe offload needs a file system that supports it; tmpfs before Linux 6.6 does not) a file in",
             path: dir.to_path_buf(),
             source: e,
         }),

@@ -184,13 +184,15 @@ const SWAP_FILE: &str = "optimizer.swp";
 impl Offload {
     /// Lays out the state of buckets whose owned partitions are `owned[b]` elements,
     /// allocating the host tier or creating the swap file (with its start-up checks).
-    /// `pinned` says whether the device pins the host memory it copies through.
+    /// `dtypes` are the parameters' and the gradients' the optimizer reads (the fp32
+    /// accumulator with accumulation); `pinned` says whether the device pins the host
+    /// memory it copies through.
     pub fn new(
         cfg: &OffloadOptimizerConfig,
         aio: AioConfig,
         sub_group_size: u64,
         owned: &[usize],
-        dtype: DType,
+        (dtype, grad_dtype): (DType, DType),
         rank: usize,
         pinned: bool,
     ) -> Result<Self, EngineError> {
@@ -219,10 +221,8 @@ impl Offload {
             .unwrap_or(0)
             .min(step::stage_elements());
         let arena = HostArena::new(HostArena::default_budget());
-        let grads = vec![
-            arena.buffer(DType::F32, largest, "the gradient staging of one sub-group")?,
-            arena.buffer(dtype, largest, "the gradient staging of one sub-group")?,
-        ];
+        let grads =
+            vec![arena.buffer(grad_dtype, largest, "the gradient staging of one sub-group")?];
         let params = arena.buffer(dtype, largest, "the parameter staging of one sub-group")?;
         let mut pipeline = Pipeline::default();
         let (store, host_state, nvme_state) = match cfg.device {

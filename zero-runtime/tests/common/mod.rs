@@ -1,0 +1,56 @@
+//! Helpers shared by the tests that run the training example as a user does.
+
+use std::path::PathBuf;
+
+/// The example binary `cargo test` built beside the running test (run the whole test
+/// command: a run filtered to one test file does not rebuild the example).
+pub fn example() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.parent()?;
+    let path = dir.join("examples").join("train");
+    path.is_file().then_some(path)
+}
+
+/// Runs `cmd` to completion, killing it after `limit` (a hung example must fail the test,
+/// not hang it); its output, or an error saying it was killed.
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: std::time::Duration,
+) -> Result<std::process::Output, String> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawning: {e}"))?;
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let mut err = child.stderr.take().ok_or("no stderr")?;
+    let o = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        v
+    });
+    let e = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut err, &mut v);
+        v
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("killed after {limit:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: o.join().unwrap_or_default(),
+        stderr: e.join().unwrap_or_default(),
+    })
+}

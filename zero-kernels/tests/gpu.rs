@@ -329,3 +329,34 @@ fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
         "params written"
     );
 }
+
+fn pinned_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
+    let st = g.new_stream().unwrap();
+    // Odd lengths, empty, and more than one 16 MiB pinned chunk.
+    let big = (16 << 20) / std::mem::size_of::<T>() + 3;
+    for n in LENGTHS.into_iter().chain([big]) {
+        let mut src: Vec<T> = wide_vec(rng, n).into_iter().map(T::from_f32).collect();
+        plant_non_finite(rng, &mut src);
+        let want = bits(&src);
+        let offset = 5;
+        let mut dev = st.zeros(T::DTYPE, n + offset + 2).unwrap();
+        st.upload_pinned(&src, &mut dev, offset).unwrap();
+        // The call returned before the DMA ran: the host slice is free at once.
+        src.iter_mut().for_each(|x| *x = poison::<T>());
+        let mut back = vec![poison::<T>(); n];
+        let view = dev.view::<T>(offset..offset + n).unwrap();
+        st.download_pinned(&view, &mut back).unwrap();
+        assert_eq!(bits(&back), want, "{} n={n}", T::SUFFIX);
+    }
+}
+
+#[test]
+fn pinned_uploads_and_downloads_move_bits() {
+    let Some(g) = gpu_or_skip("pinned transfers") else {
+        return;
+    };
+    let mut rng = seeded("gpu pinned transfers");
+    pinned_case::<f32>(g, &mut rng);
+    pinned_case::<f16>(g, &mut rng);
+    pinned_case::<bf16>(g, &mut rng);
+}

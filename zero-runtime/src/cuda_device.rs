@@ -124,10 +124,11 @@ impl Device for CudaDevice {
             )));
         }
         if src.dtype() == dst.dtype() {
+            // Through pinned chunks: full-speed DMA (the offload step's gradients).
             return with_gpu_type!(src.dtype(), T => {
                 let view = src.view::<T>(range).map_err(device_error)?;
                 let d = dst.as_mut_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
-                self.stream.download_view(&view, &mut d[offset..offset + n]).map_err(device_error)
+                self.stream.download_pinned(&view, &mut d[offset..offset + n]).map_err(device_error)
             });
         }
         let wide = self.download_f32(src, range)?;
@@ -143,6 +144,14 @@ impl Device for CudaDevice {
         offset: usize,
     ) -> Result<(), EngineError> {
         let n = range.len();
+        if src.dtype() == dst.dtype() {
+            // Queued through pinned slots, returning before the DMA runs: the offload step
+            // computes the next chunk while this one crosses.
+            return with_gpu_type!(src.dtype(), T => {
+                let s = src.as_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+                self.stream.upload_pinned(&s[range], dst, offset).map_err(device_error)
+            });
+        }
         let tmp = with_gpu_type!(src.dtype(), T => {
             let s = src.as_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
             self.stream.upload(&s[range]).map_err(device_error)?

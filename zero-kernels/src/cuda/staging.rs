@@ -8,9 +8,12 @@
 //! event on it says its previous copy finished (`PinnedHostSlice::as_mut_slice` waits for
 //! it). With [`SLOTS`] slots the host can queue that many table copies ahead of the GPU.
 
+use super::buffer::GpuElement;
 use super::gpu::{driver, GpuError};
+use crate::DType;
+use std::any::Any;
 use std::sync::{Arc, Mutex};
-use zero_sys::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+use zero_sys::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, PinnedHostSlice};
 
 /// Pinned slots per stream.
 const SLOTS: usize = 4;
@@ -73,55 +76,162 @@ impl TableStaging {
     }
 }
 
-/// Elements of the pinned buffer large downloads go through (16 MiB of `f32`).
-const DOWNLOAD_CHUNK: usize = 4 << 20;
+/// Bytes of each pinned buffer large transfers go through (16 MiB).
+const TRANSFER_BYTES: usize = 16 << 20;
 
-/// One pinned buffer for large device-to-host `f32` copies (a checkpoint save): the DMA
-/// lands in pinned memory at full PCIe speed, then one host copy moves it out, chunk after
-/// chunk, so the pinned memory held stays at [`DOWNLOAD_CHUNK`] elements.
-#[derive(Debug, Default)]
-pub(crate) struct DownloadStaging {
-    buf: Mutex<Option<PinnedHostSlice<f32>>>,
+/// Pinned buffers of one element type for large transfers: one for downloads, and a ring
+/// of [`UPLOAD_SLOTS`] for uploads.
+struct Pinned<T: GpuElement> {
+    down: Option<PinnedHostSlice<T>>,
+    up: Vec<PinnedHostSlice<T>>,
+    next_up: usize,
 }
 
-impl DownloadStaging {
-    /// Copies `src` into `dst` (equal lengths) through the pinned buffer; returns once
-    /// `dst` holds the data.
-    pub(crate) fn download(
+/// Uploads queued ahead of the GPU: while one slot's copy runs, the host fills the other.
+const UPLOAD_SLOTS: usize = 2;
+
+/// Large device ↔ host copies through pinned memory, a chunk of [`TRANSFER_BYTES`] at a
+/// time, so the DMA runs at full PCIe speed and the pinned memory held stays small:
+/// - a download lands in a pinned buffer, then one host copy moves it out (returns once
+///   the host slice holds the data);
+/// - an upload copies the host slice into a pinned slot and queues the DMA and returns:
+///   the slot is written again only after cudarc's event says its copy finished, so the
+///   host computes the next chunk while this one crosses (the offload step's overlap).
+#[derive(Default)]
+pub(crate) struct TransferStaging {
+    by_type: Mutex<Vec<(DType, Box<dyn Any + Send>)>>,
+}
+
+impl std::fmt::Debug for TransferStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferStaging").finish()
+    }
+}
+
+fn poisoned(context: &'static str) -> GpuError {
+    GpuError::Driver {
+        context,
+        message: "a thread panicked while staging a transfer".into(),
+    }
+}
+
+/// A pinned buffer of `n` elements of `T`.
+fn alloc_pinned<T: GpuElement>(
+    stream: &Arc<CudaStream>,
+    n: usize,
+) -> Result<PinnedHostSlice<T>, GpuError> {
+    // SAFETY: GpuElement types (f32, f16, bf16) have no invalid bit patterns, and every
+    // element is written (by the host or the DMA) before it is read.
+    unsafe { stream.context().alloc_pinned::<T>(n) }.map_err(driver("pinned alloc"))
+}
+
+impl TransferStaging {
+    /// Runs `f` on `T`'s pinned buffers.
+    fn with<T: GpuElement, R>(
+        &self,
+        f: impl FnOnce(&mut Pinned<T>) -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        let mut all = self
+            .by_type
+            .lock()
+            .map_err(|_| poisoned("transfer staging"))?;
+        let at = match all.iter().position(|(d, _)| *d == T::DTYPE) {
+            Some(i) => i,
+            None => {
+                let fresh: Pinned<T> = Pinned {
+                    down: None,
+                    up: Vec::new(),
+                    next_up: 0,
+                };
+                all.push((T::DTYPE, Box::new(fresh)));
+                all.len() - 1
+            }
+        };
+        let pinned = all[at]
+            .1
+            .downcast_mut::<Pinned<T>>()
+            .ok_or_else(|| poisoned("transfer staging"))?;
+        f(pinned)
+    }
+
+    /// Elements of `T` per chunk.
+    fn chunk<T: GpuElement>() -> usize {
+        TRANSFER_BYTES / std::mem::size_of::<T>()
+    }
+
+    /// Copies `src` into `dst` (equal lengths); returns once `dst` holds the data.
+    pub(crate) fn download<T: GpuElement>(
         &self,
         stream: &Arc<CudaStream>,
-        src: &zero_sys::cudarc::driver::CudaView<'_, f32>,
-        dst: &mut [f32],
+        src: &CudaView<'_, T>,
+        dst: &mut [T],
     ) -> Result<(), GpuError> {
-        let mut slot = self.buf.lock().map_err(|_| GpuError::Driver {
-            context: "download staging",
-            message: "a thread panicked while downloading".into(),
-        })?;
-        if slot.is_none() {
-            // SAFETY: f32 has no invalid bit patterns; every element read from the buffer
-            // below was first written by the copy into it.
-            let pinned = unsafe { stream.context().alloc_pinned::<f32>(DOWNLOAD_CHUNK) }
-                .map_err(driver("pinned alloc"))?;
-            *slot = Some(pinned);
-        }
-        let pinned = slot.as_mut().ok_or_else(|| GpuError::Driver {
-            context: "download staging",
-            message: "no pinned buffer".into(),
-        })?;
-        let mut at = 0;
-        while at < dst.len() {
-            let n = DOWNLOAD_CHUNK.min(dst.len() - at);
-            let piece = src.slice(at..at + n);
-            // A copy into pinned memory: truly asynchronous, then waited for below (the
-            // slot's event, recorded after the copy, is what as_slice waits on).
-            #[allow(clippy::disallowed_methods)]
-            stream
-                .memcpy_dtoh(&piece, pinned)
-                .map_err(driver("copy to host"))?;
-            let host = pinned.as_slice().map_err(driver("pinned staging"))?;
-            dst[at..at + n].copy_from_slice(&host[..n]);
-            at += n;
-        }
-        Ok(())
+        let chunk = Self::chunk::<T>();
+        self.with::<T, _>(|p| {
+            if p.down.is_none() {
+                p.down = Some(alloc_pinned::<T>(stream, chunk)?);
+            }
+            let pinned = p
+                .down
+                .as_mut()
+                .ok_or_else(|| poisoned("download staging"))?;
+            let mut at = 0;
+            while at < dst.len() {
+                let n = chunk.min(dst.len() - at);
+                let piece = src.slice(at..at + n);
+                // A copy into pinned memory: truly asynchronous, then waited for below
+                // (the buffer's event, recorded after the copy, is what as_slice waits on).
+                #[allow(clippy::disallowed_methods)]
+                stream
+                    .memcpy_dtoh(&piece, pinned)
+                    .map_err(driver("copy to host"))?;
+                let host = pinned.as_slice().map_err(driver("pinned staging"))?;
+                dst[at..at + n].copy_from_slice(&host[..n]);
+                at += n;
+            }
+            Ok(())
+        })
+    }
+
+    /// Queues copies of `src` into `dst` (equal lengths) and returns before they run; the
+    /// host may reuse `src` at once. Each chunk goes pinned slot → a device buffer of the
+    /// slot's length → `dst` (cudarc's copy takes the whole slot), all on `stream`.
+    pub(crate) fn upload<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &[T],
+        dst: &mut CudaViewMut<'_, T>,
+    ) -> Result<(), GpuError> {
+        let chunk = Self::chunk::<T>();
+        self.with::<T, _>(|p| {
+            let mut at = 0;
+            while at < src.len() {
+                let n = chunk.min(src.len() - at);
+                let i = p.next_up % UPLOAD_SLOTS;
+                p.next_up = p.next_up.wrapping_add(1);
+                if p.up.len() <= i {
+                    p.up.push(alloc_pinned::<T>(stream, chunk)?);
+                }
+                let slot = &mut p.up[i];
+                // Waits for this slot's previous copy before overwriting it.
+                let host = slot.as_mut_slice().map_err(driver("pinned staging"))?;
+                host[..n].copy_from_slice(&src[at..at + n]);
+                let mut tmp = stream
+                    .alloc_zeros::<T>(slot.len())
+                    .map_err(driver("alloc"))?;
+                // From pinned memory: a true asynchronous copy; cudarc records the slot's
+                // event after it, which the slot's next writer waits for.
+                #[allow(clippy::disallowed_methods)]
+                stream
+                    .memcpy_htod(&*slot, &mut tmp)
+                    .map_err(driver("copy to device"))?;
+                let mut piece = dst.slice_mut(at..at + n);
+                stream
+                    .memcpy_dtod(&tmp.slice(0..n), &mut piece)
+                    .map_err(driver("copy on device"))?;
+                at += n;
+            }
+            Ok(())
+        })
     }
 }

@@ -13,7 +13,7 @@
 
 use super::buffer::{GpuBuffer, GpuElement};
 use super::gpu::{driver, Gpu, GpuError};
-use super::staging::{DownloadStaging, TableStaging};
+use super::staging::{TableStaging, TransferStaging};
 use crate::{with_gpu_type, DType, GradStats, KernelError};
 use std::ops::Range;
 use std::sync::Arc;
@@ -47,7 +47,7 @@ pub struct GpuStream {
     gpu: &'static Gpu,
     stream: Arc<CudaStream>,
     tables: Arc<TableStaging>,
-    downloads: Arc<DownloadStaging>,
+    transfers: Arc<TransferStaging>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -82,7 +82,7 @@ impl GpuStream {
             gpu,
             stream,
             tables: Arc::default(),
-            downloads: Arc::default(),
+            transfers: Arc::default(),
         }
     }
 
@@ -171,16 +171,29 @@ impl GpuStream {
         self.synchronize()
     }
 
-    /// Copies a large `f32` view to the host through a pinned chunk (full-speed DMA, then
-    /// one host copy), so memory held stays at one chunk whatever `src`'s size; returns
-    /// once `dst` holds the data.
-    pub fn download_pinned(
+    /// Copies a large view to the host through a pinned chunk (full-speed DMA, then one
+    /// host copy), so memory held stays at one chunk whatever `src`'s size; returns once
+    /// `dst` holds the data.
+    pub fn download_pinned<T: GpuElement>(
         &self,
-        src: &CudaView<'_, f32>,
-        dst: &mut [f32],
+        src: &CudaView<'_, T>,
+        dst: &mut [T],
     ) -> Result<(), GpuError> {
         check_same_len("download: dst", src.len(), dst.len())?;
-        self.downloads.download(&self.stream, src, dst)
+        self.transfers.download(&self.stream, src, dst)
+    }
+
+    /// Queues a copy of `src` into `dst[offset..]` (same type) through pinned slots and
+    /// returns before the GPU runs it: `src` may be reused at once, and the host computes
+    /// on while the DMA runs (a slot is refilled only after its copy finished).
+    pub fn upload_pinned<T: GpuElement>(
+        &self,
+        src: &[T],
+        dst: &mut GpuBuffer,
+        offset: usize,
+    ) -> Result<(), GpuError> {
+        let mut view = dst.view_mut::<T>(offset..offset + src.len())?;
+        self.transfers.upload(&self.stream, src, &mut view)
     }
 
     /// Writes host `f32` values into `dst[offset..]`, rounding to its type.

@@ -221,9 +221,12 @@ impl Offload {
             .unwrap_or(0)
             .min(step::stage_elements());
         let arena = HostArena::new(HostArena::default_budget());
-        let grads =
-            vec![arena.buffer(grad_dtype, largest, "the gradient staging of one sub-group")?];
-        let params = arena.buffer(dtype, largest, "the parameter staging of one sub-group")?;
+        // Two gradient chunks: one arrives while the one before is stepped.
+        let grads = vec![
+            arena.buffer(grad_dtype, largest, "the gradient staging of one chunk")?,
+            arena.buffer(grad_dtype, largest, "the gradient staging of one chunk")?,
+        ];
+        let params = arena.buffer(dtype, largest, "the parameter staging of one chunk")?;
         let mut pipeline = Pipeline::default();
         let (store, host_state, nvme_state) = match cfg.device {
             OffloadDevice::Cpu | OffloadDevice::None => {

@@ -13,8 +13,9 @@ use zero_kernels::{adam_step, AdamConfig};
 /// Blocks read ahead of the one being stepped.
 const READ_AHEAD: usize = 2;
 
-/// Elements of a sub-group that cross to the host and back at a time (16 Mi: 64 MiB of
-/// host staging in bf16, 96 MiB with the fp32 accumulator). Each chunk is one parallel
+/// Elements of a sub-group that cross to the host and back at a time (16 Mi: 96 MiB of
+/// host staging in bf16 — two gradient chunks and one parameter chunk — and 160 MiB with
+/// the fp32 accumulator). Each chunk is one parallel
 /// copy, one parallel Adam and one parallel copy back; smaller chunks pay the thread pool's
 /// wake-ups more often than they gain in cache (measured by the offload_step bench).
 const STAGE: usize = 1 << 24;
@@ -209,7 +210,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// One sub-group, in chunks of at most [`stage_elements`]: gradients to the host, the
     /// fused Adam, parameters back. Adam is elementwise, so chunks change no bit; they
-    /// bound the host staging to a few MiB whatever `sub_group_size` is.
+    /// bound the host staging whatever `sub_group_size` is. The gradients are double-
+    /// buffered: chunk k+1's are fetched before chunk k's parameters are queued back, so
+    /// on a GPU (where the upload returns before its DMA runs) the upload of chunk k
+    /// overlaps Adam on chunk k+1.
     #[allow(clippy::too_many_arguments)]
     fn step_group(
         &mut self,
@@ -223,33 +227,47 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         params: &mut HostBuffer,
     ) -> Result<(), EngineError> {
         let b = g.bucket;
-        let (gbuf, grange) = self.step_grads(b)?;
-        let dtype = self.dev.dtype(gbuf);
-        let stage = grads
-            .iter_mut()
-            .find(|h| h.dtype() == dtype)
-            .ok_or_else(|| EngineError::Internal(format!("no {dtype} gradient staging")))?;
+        let (_, grange) = self.step_grads(b)?;
         let from = grange.start + g.range.start;
-        let chunk = params.len();
-        let mut at = 0;
-        while at < g.range.len() {
-            let n = chunk.min(g.range.len() - at);
-            let (gbuf, _) = self.step_grads(b)?;
-            self.dev
-                .copy_to_host(gbuf, from + at..from + at + n, stage, 0)?;
-            let r = at..at + n;
+        let chunk = params.len().max(1);
+        let chunks: Vec<std::ops::Range<usize>> = (0..g.range.len())
+            .step_by(chunk)
+            .map(|at| at..(at + chunk).min(g.range.len()))
+            .collect();
+        let [cur, next] = grads else {
+            return Err(EngineError::Internal(
+                "the gradient staging is not double".into(),
+            ));
+        };
+        let fetch = |e: &Self, r: &std::ops::Range<usize>, dst: &mut HostBuffer| {
+            let (gbuf, _) = e.step_grads(b)?;
+            e.dev
+                .copy_to_host(gbuf, from + r.start..from + r.end, dst, 0)
+        };
+        if let Some(first) = chunks.first() {
+            fetch(self, first, cur)?;
+        }
+        for (k, r) in chunks.iter().enumerate() {
+            let n = r.len();
+            let (now, ahead) = if k % 2 == 0 {
+                (&mut *cur, &mut *next)
+            } else {
+                (&mut *next, &mut *cur)
+            };
             cpu_adam(
                 adam,
                 self.optimizer_steps,
                 scale,
                 &mut master[r.clone()],
                 &mut m[r.clone()],
-                &mut v[r],
-                stage,
+                &mut v[r.clone()],
+                now,
                 params,
             )?;
-            self.write_owned_params(b, g.range.start + at, params, 0..n)?;
-            at += n;
+            if let Some(following) = chunks.get(k + 1) {
+                fetch(self, following, ahead)?;
+            }
+            self.write_owned_params(b, g.range.start + r.start, params, 0..n)?;
         }
         Ok(())
     }

@@ -225,3 +225,66 @@ fn offloaded_parameters_are_reported_in_their_tier() {
         assert_eq!(r.model_states_all_tiers(), r.formula, "{device}: {r:?}");
     }
 }
+
+#[test]
+fn stage3_prefetch_keeps_to_its_window() {
+    // Eight modules of 1,000 elements, a bucket each, and a prefetch window of 1,500
+    // elements: once the trace is recorded, a fetch gathers at most the window ahead,
+    // counting buckets already gathered or in flight, so a pass holds the bucket in use
+    // and at most two ahead, never the whole model.
+    use zero_comm::HostGroup;
+    use zero_runtime::{Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
+    let json = r#"{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "stage3_prefetch_bucket_size": 1500,
+            "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}"#;
+    let world = 2;
+    let cfg = ZeroConfig::from_json_str(json, world).unwrap();
+    let modules: Vec<ModuleSpec> = (0..8)
+        .map(|m| ModuleSpec::new(format!("m{m}"), vec![ParamSpec::new("w", &[1000])]))
+        .collect();
+    let peaks: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = HostGroup::new(world)
+            .unwrap()
+            .into_iter()
+            .map(|comm| {
+                let (cfg, modules) = (cfg.clone(), modules.clone());
+                s.spawn(move || {
+                    let mut e = Engine::new(cfg, modules, comm, HostDevice, |id, _, v| {
+                        v.iter_mut()
+                            .enumerate()
+                            .for_each(|(i, x)| *x = ((i + id) % 7) as f32 * 0.1)
+                    })
+                    .unwrap();
+                    let grad = vec![0.01f32; 1000];
+                    for _ in 0..3 {
+                        for m in 0..8 {
+                            e.fetch(m).unwrap();
+                            e.release(m).unwrap();
+                        }
+                        for m in (0..8).rev() {
+                            e.fetch(m).unwrap();
+                            e.add_grads_f32(m, &[&grad]).unwrap();
+                            e.grads_ready(m).unwrap();
+                            e.release(m).unwrap();
+                        }
+                        e.step().unwrap();
+                    }
+                    let r = e.memory_report();
+                    (r.peak_gathered, r.padded_numel)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (peak, padded) = peaks[0];
+    let bucket = 2 * padded / 8; // bf16 bytes of one bucket
+    println!(
+        "peak gathered {peak} B; one bucket {bucket} B; the model {} B",
+        2 * padded
+    );
+    assert!(
+        peak <= 3 * bucket,
+        "peak {peak} B: more than the bucket in use and the window"
+    );
+    assert!(peak >= 2 * bucket, "peak {peak} B: nothing was prefetched");
+}

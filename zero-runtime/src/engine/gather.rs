@@ -155,7 +155,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.cfg.zero.prefetch_bucket_size,
             self.cfg.zero.max_live_parameters,
         );
+        // The window is the next `budget` elements of the trace, counting buckets already
+        // gathered or in flight (each once): otherwise every fetch would reach a budget
+        // further, and a pass would end with the whole model gathered.
         let mut ahead = 0u64;
+        let mut seen = Vec::new();
         let upcoming: Vec<usize> =
             self.trace.modules[self.trace.pos.min(self.trace.modules.len())..].to_vec();
         for m in upcoming {
@@ -165,16 +169,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let Some(b) = self.plan.fetch_bucket[m] else {
                 continue;
             };
+            if seen.contains(&b) {
+                continue;
+            }
+            seen.push(b);
+            let total = self.plan.buckets[b].layout.total_len();
+            ahead += total as u64;
             let state = &self.buckets[b];
             if state.gathered.is_some() || state.gathering.is_some() {
                 continue;
             }
-            let total = self.plan.buckets[b].layout.total_len();
             if (self.live_gathered + total) as u64 > max_live {
                 break;
             }
             self.issue_gather(b)?;
-            ahead += total as u64;
         }
         Ok(())
     }

@@ -10,32 +10,22 @@
 //! cargo run --release --example train -- --config configs/stage3_offload_param_cpu.json
 //! ```
 
+mod flags;
 mod lm;
+mod report;
 
 use clap::{Parser, ValueEnum};
+use flags::ConfigFlags;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{json, Value};
+use report::RankResult;
+use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_runtime::scaler::ScaleChange;
-use zero_runtime::{CommReport, CudaDevice, Engine, HostDevice, MemoryReport, Timings, ZeroConfig};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum PrecisionArg {
-    Fp32,
-    Fp16,
-    Bf16,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum OffloadArg {
-    None,
-    Cpu,
-    Nvme,
-}
+use zero_runtime::{CudaDevice, Engine, HostDevice, ZeroConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum DeviceArg {
@@ -48,30 +38,17 @@ enum DeviceArg {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// ZeRO stage 0-3 (default 3, or the config's).
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
-    stage: Option<u8>,
+    #[command(flatten)]
+    flags: ConfigFlags,
     /// In-process ranks.
     #[arg(long, default_value_t = 4)]
     ranks: usize,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 1200)]
-    steps: usize,
     /// Seed of the text source, the data and the initial weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Parameter and gradient precision (default bf16, or the config's).
-    #[arg(long, value_enum)]
-    precision: Option<PrecisionArg>,
-    /// A DeepSpeed config (ds_config.json); flags override its keys.
-    #[arg(long)]
-    config: Option<PathBuf>,
     /// Where to train.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
-    /// Run stages 0-3 back to back on the same seed and compare them.
-    #[arg(long)]
-    compare_stages: bool,
     /// Hidden width of the model's two hidden layers.
     #[arg(long, default_value_t = 1280)]
     hidden: usize,
@@ -88,17 +65,6 @@ struct Args {
     /// The checkpoint tag to resume from (default: the one `latest` names).
     #[arg(long, requires = "resume")]
     resume_tag: Option<String>,
-    /// Offload the optimizer state (ZeRO-Offload: cpu; ZeRO-Infinity: nvme, with
-    /// --nvme-path); overrides zero_optimization.offload_optimizer.device.
-    #[arg(long, value_enum)]
-    offload_optimizer: Option<OffloadArg>,
-    /// Offload stage 3's parameter partitions (cpu or nvme); overrides
-    /// zero_optimization.offload_param.device.
-    #[arg(long, value_enum)]
-    offload_param: Option<OffloadArg>,
-    /// The folder NVMe offload puts its swap files in (sets both nvme_path keys).
-    #[arg(long)]
-    nvme_path: Option<PathBuf>,
     /// The local rank, as the deepspeed launcher passes it (`--local_rank=N`, unless it is
     /// given `--no_local_rank`); it must agree with the launcher's environment.
     #[arg(long = "local_rank", alias = "local-rank")]
@@ -114,6 +80,12 @@ const DEFAULT_CONFIG: &str = r#"{
     "bf16": {"enabled": true},
     "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e5, "stage3_prefetch_bucket_size": 5e5, "stage3_param_persistence_threshold": 1e4, "stage3_max_reuse_distance": 0}
 }"#;
+
+impl Args {
+    fn steps(&self) -> usize {
+        self.flags.steps.unwrap_or(1200)
+    }
+}
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -150,7 +122,7 @@ fn run(args: &Args) -> Result<(), String> {
     if args.ranks == 0 {
         return Err("--ranks must be at least 1".into());
     }
-    if args.compare_stages && (args.save_dir.is_some() || args.resume.is_some()) {
+    if args.flags.compare_stages && (args.save_dir.is_some() || args.resume.is_some()) {
         return Err("--compare-stages runs four separate trainings: it does not take --save-dir or --resume".into());
     }
     let world = launch.as_ref().map_or(args.ranks, |l| l.world_size);
@@ -161,19 +133,7 @@ fn run(args: &Args) -> Result<(), String> {
             println!("{line}");
         }
     };
-    let (base, origin) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
-            (v, path.display().to_string())
-        }
-        None => (
-            serde_json::from_str(DEFAULT_CONFIG).map_err(|e| e.to_string())?,
-            "the built-in config".to_string(),
-        ),
-    };
+    let (base, origin) = args.flags.base_config(DEFAULT_CONFIG)?;
     let source = lm::Source::new(args.seed, 16);
     let shape = lm::Shape {
         vocab: 16,
@@ -184,17 +144,14 @@ fn run(args: &Args) -> Result<(), String> {
     let entropy = source.entropy_rate();
     say(format!(
         "zero training example: char-level MLP LM ({} parameters), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {world} ranks",
-        fmt_count(shape.numel() as u64),
+        report::fmt_count(shape.numel() as u64),
         source.vocab,
     ));
-    let stages: Vec<Option<u8>> = if args.compare_stages {
-        (0..=3).map(Some).collect()
-    } else {
-        vec![args.stage]
-    };
+    let stages = args.flags.stages();
     let mut results = Vec::new();
     for stage in stages {
-        let (value, said) = overrides(base.clone(), args, stage, &origin);
+        let (value, said) =
+            flags::overrides(base.clone(), &args.flags, stage, args.steps(), &origin);
         for line in said {
             say(format!("  {line}"));
         }
@@ -204,113 +161,14 @@ fn run(args: &Args) -> Result<(), String> {
         }
         let r = train(args, &cfg, &source, &shape, world, launch.as_ref())?;
         if leader {
-            report(&cfg, &r, entropy, world);
+            report::report(&cfg, &r, entropy, world);
         }
         results.push((cfg.zero.stage, r));
     }
-    if args.compare_stages && leader {
-        compare(&results, entropy, world);
+    if args.flags.compare_stages && leader {
+        report::compare(&results, entropy, world);
     }
     Ok(())
-}
-
-/// Applies the flags to the config, returning what each changed.
-fn overrides(
-    mut v: Value,
-    args: &Args,
-    stage_flag: Option<u8>,
-    origin: &str,
-) -> (Value, Vec<String>) {
-    let mut said = Vec::new();
-    let mut set = |v: &mut Value, path: &[&str], new: Value, flag: &str| {
-        let mut cur = &mut *v;
-        for key in &path[..path.len() - 1] {
-            if !cur.get(*key).is_some_and(Value::is_object) {
-                cur[*key] = json!({});
-            }
-            cur = &mut cur[*key];
-        }
-        let last = path[path.len() - 1];
-        match cur.get(last) {
-            Some(old) if *old != new => said.push(format!(
-                "{flag} overrides {} = {old} from {origin}",
-                path.join(".")
-            )),
-            None => said.push(format!(
-                "{flag} sets {} (absent from {origin})",
-                path.join(".")
-            )),
-            _ => {}
-        }
-        cur[last] = new;
-    };
-    if let Some(stage) = stage_flag {
-        set(
-            &mut v,
-            &["zero_optimization", "stage"],
-            json!(stage),
-            &format!("--stage {stage}"),
-        );
-    }
-    if let Some(p) = args.precision {
-        let flag = format!("--precision {}", format!("{p:?}").to_lowercase());
-        set(
-            &mut v,
-            &["fp16", "enabled"],
-            json!(p == PrecisionArg::Fp16),
-            &flag,
-        );
-        set(
-            &mut v,
-            &["bf16", "enabled"],
-            json!(p == PrecisionArg::Bf16),
-            &flag,
-        );
-    }
-    for (key, flag) in [
-        ("offload_optimizer", args.offload_optimizer),
-        ("offload_param", args.offload_param),
-    ] {
-        if let Some(d) = flag {
-            let name = format!("{d:?}").to_lowercase();
-            set(
-                &mut v,
-                &["zero_optimization", key, "device"],
-                json!(name),
-                &format!("--{} {name}", key.replace('_', "-")),
-            );
-        }
-    }
-    if let Some(path) = &args.nvme_path {
-        for key in ["offload_optimizer", "offload_param"] {
-            set(
-                &mut v,
-                &["zero_optimization", key, "nvme_path"],
-                json!(path),
-                &format!("--nvme-path {}", path.display()),
-            );
-        }
-    }
-    if v.pointer("/scheduler/params/total_num_steps") == Some(&json!("auto")) {
-        v["scheduler"]["params"]["total_num_steps"] = json!(args.steps);
-        said.push(format!(
-            "--steps {} resolves scheduler.params.total_num_steps = \"auto\"",
-            args.steps
-        ));
-    }
-    (v, said)
-}
-
-/// What one rank measured.
-struct RankResult {
-    eval_loss: f32,
-    train_loss: f32,
-    memory: MemoryReport,
-    comm: CommReport,
-    time: Timings,
-    skipped: u64,
-    loss_scale: f64,
-    elapsed: Duration,
 }
 
 fn train(
@@ -323,7 +181,10 @@ fn train(
 ) -> Result<RankResult, String> {
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
-    let text = source.sample(args.seed, args.steps * tokens_per_step + shape.context + 1);
+    let text = source.sample(
+        args.seed,
+        args.steps() * tokens_per_step + shape.context + 1,
+    );
     let held_out = source.sample(args.seed ^ 0xe7a1, 8192 + shape.context);
     let timeout = Duration::from_secs(300);
     if let Some(env) = launch {
@@ -367,7 +228,7 @@ where
     let world = comms.first().map_or(1, |c| c.world_size());
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
-    let pb = ProgressBar::new(args.steps as u64);
+    let pb = ProgressBar::new(args.steps() as u64);
     pb.set_style(
         ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -406,9 +267,9 @@ where
                     };
                     let t0 = Instant::now();
                     let mut smooth = None::<f32>;
-                    for step in first..args.steps {
+                    for step in first..args.steps() {
                         let (loss, out) = lm::train_step(&mut e, shape, text, step).map_err(|e| format!("step {step}: {e}"))?;
-                        if args.save_every > 0 && (step + 1) % args.save_every == 0 && step + 1 < args.steps {
+                        if args.save_every > 0 && (step + 1) % args.save_every == 0 && step + 1 < args.steps() {
                             save(&mut e, step + 1)?;
                         }
                         if rank == 0 {
@@ -428,7 +289,7 @@ where
                         }
                     }
                     let elapsed = t0.elapsed();
-                    save(&mut e, args.steps)?;
+                    save(&mut e, args.steps())?;
                     let eval_loss = lm::evaluate(&mut e, shape, held_out, held_out.len()).map_err(|e| e.to_string())?;
                     Ok(RankResult {
                         eval_loss,
@@ -454,196 +315,4 @@ where
         ok.push(r.map_err(|e| format!("rank {rank}: {e}"))?);
     }
     Ok(ok.swap_remove(0))
-}
-
-fn mib(b: usize) -> String {
-    format!("{:.2} MiB", b as f64 / (1 << 20) as f64)
-}
-
-fn fmt_count(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn formula_name(stage: u8) -> &'static str {
-    ["16Ψ", "4Ψ + 12Ψ/N", "2Ψ + 14Ψ/N", "16Ψ/N"][stage as usize]
-}
-
-fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
-    let m = &r.memory;
-    let stage = cfg.zero.stage;
-    let precision = match cfg.precision {
-        zero_runtime::Precision::Fp32 => "fp32".to_string(),
-        zero_runtime::Precision::Bf16 => "bf16".to_string(),
-        zero_runtime::Precision::Fp16(l) if l.loss_scale == 0.0 => {
-            format!("fp16, dynamic loss scale from 2^{}", l.initial_scale_power)
-        }
-        zero_runtime::Precision::Fp16(l) => format!("fp16, static loss scale {}", l.loss_scale),
-    };
-    println!(
-        "\n== stage {stage}, {world} ranks, {precision}: {:.1} s ==",
-        r.elapsed.as_secs_f64()
-    );
-    println!(
-        "memory per rank (Ψ = {} parameters, {} with alignment padding):",
-        fmt_count(m.numel as u64),
-        fmt_count(m.padded_numel as u64)
-    );
-    let offloaded = m.host.total() + m.nvme.total() > 0;
-    if offloaded {
-        println!(
-            "  {:<18} {:>12} {:>12} {:>12}",
-            "", "device", "host", "nvme"
-        );
-    }
-    for (name, b, h, n) in [
-        ("parameters", m.params, m.host.params, m.nvme.params),
-        ("gradients", m.grads, 0, 0),
-        ("fp32 master", m.master, m.host.master, m.nvme.master),
-        ("fp32 exp_avg", m.exp_avg, m.host.exp_avg, m.nvme.exp_avg),
-        (
-            "fp32 exp_avg_sq",
-            m.exp_avg_sq,
-            m.host.exp_avg_sq,
-            m.nvme.exp_avg_sq,
-        ),
-    ] {
-        if offloaded {
-            println!("  {name:<18} {:>12} {:>12} {:>12}", mib(b), mib(h), mib(n));
-        } else {
-            println!("  {name:<18} {:>12}", mib(b));
-        }
-    }
-    let paper = if matches!(cfg.precision, zero_runtime::Precision::Fp32) {
-        "paper (fp32: 4-byte params and grads)"
-    } else {
-        "paper"
-    };
-    if offloaded {
-        let off = |t: &zero_runtime::TierBytes| t.params + t.master + t.exp_avg + t.exp_avg_sq;
-        println!(
-            "  {:<18} {:>12} {:>12} {:>12}   all tiers {} = {paper} {} = {}",
-            "model states",
-            mib(m.model_states()),
-            mib(off(&m.host)),
-            mib(off(&m.nvme)),
-            mib(m.model_states_all_tiers()),
-            formula_name(stage),
-            mib(m.formula)
-        );
-        println!(
-            "  {:<18} {:>12} {:>12} {:>12}   (host: staging of one chunk and the NVMe pipeline; nvme: block alignment)",
-            "offload buffers",
-            "",
-            mib(m.host.buffers),
-            mib(m.nvme.buffers)
-        );
-    } else {
-        println!(
-            "  {:<18} {:>12}   {paper} {} = {}",
-            "model states",
-            mib(m.model_states()),
-            formula_name(stage),
-            mib(m.formula)
-        );
-    }
-    if stage == 3 && m.model_states() > m.formula {
-        let extra = fmt_count((m.model_states() - m.formula) as u64);
-        println!("  {:<18} {:>12}   bytes above the formula: parameters at or under stage3_param_persistence_threshold stay whole", "", format!("+{extra}"));
-    }
-    println!(
-        "  {:<18} {:>12}   (gradient staging, stages 2-3)",
-        "buckets",
-        mib(m.buckets)
-    );
-    println!(
-        "  {:<18} {:>12}   (stage 3 peak of gathered buckets)",
-        "gathered, peak",
-        mib(m.peak_gathered)
-    );
-    if m.grad_accum > 0 {
-        println!(
-            "  {:<18} {:>12}   (fp32 gradient accumulation)",
-            "accumulation",
-            mib(m.grad_accum)
-        );
-    }
-    let c = &r.comm.last_step;
-    println!(
-        "elements sent per step per rank: {} (gradient reduction {} + parameter gather {}) vs theory {} = {}; norm/overflow exchange {}",
-        fmt_count(c.grad_reduce + c.param_gather),
-        fmt_count(c.grad_reduce),
-        fmt_count(c.param_gather),
-        r.comm.theory_formula,
-        fmt_count(r.comm.theory),
-        c.control
-    );
-    let sent = c.grad_reduce + c.param_gather;
-    if stage == 3 && sent < r.comm.theory {
-        println!(
-            "  ({} fewer than theory: parameters at or under stage3_param_persistence_threshold stay whole and are gathered once per step, not twice per micro-step)",
-            fmt_count(r.comm.theory - sent)
-        );
-    }
-    let t = &r.time;
-    println!(
-        "time on rank 0: forward {:.2} s | backward {:.2} s | communication {:.2} s (reduce {:.2} + gather {:.2}) | optimizer step {:.2} s",
-        t.forward.as_secs_f64(),
-        t.backward.as_secs_f64(),
-        (t.reduce + t.gather).as_secs_f64(),
-        t.reduce.as_secs_f64(),
-        t.gather.as_secs_f64(),
-        t.step.as_secs_f64()
-    );
-    if r.skipped > 0 {
-        println!(
-            "skipped steps (overflow): {}; final loss scale {}",
-            r.skipped, r.loss_scale
-        );
-    }
-    println!(
-        "final loss: {:.4} nats/char on held-out text (training, smoothed: {:.4}) | entropy rate {entropy:.4} | gap {:.4}",
-        r.eval_loss,
-        r.train_loss,
-        r.eval_loss as f64 - entropy
-    );
-}
-
-fn compare(results: &[(u8, RankResult)], entropy: f64, world: usize) {
-    println!("\n== stages compared, {world} ranks, per rank ==");
-    println!(
-        "{:<6} {:>11} {:>15} {:>22} {:>16} {:>16}",
-        "stage", "final loss", "model states", "paper formula", "elements/step", "theory"
-    );
-    for (stage, r) in results {
-        println!(
-            "{:<6} {:>11.5} {:>15} {:>22} {:>16} {:>16}",
-            stage,
-            r.eval_loss,
-            mib(r.memory.model_states()),
-            format!("{} = {}", formula_name(*stage), mib(r.memory.formula)),
-            fmt_count(r.comm.last_step.grad_reduce + r.comm.last_step.param_gather),
-            fmt_count(r.comm.theory)
-        );
-    }
-    let first = results[0].1.eval_loss;
-    if results
-        .iter()
-        .all(|(_, r)| r.eval_loss.to_bits() == first.to_bits())
-    {
-        println!("final losses agree to the bit across stages (entropy rate {entropy:.4})");
-    } else {
-        let spread = results
-            .iter()
-            .map(|(_, r)| (r.eval_loss - first).abs())
-            .fold(0.0, f32::max);
-        println!("final losses differ across stages by up to {spread:.2e} (accumulation > 1 changes where gradients are rounded)");
-    }
 }

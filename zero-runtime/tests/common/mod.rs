@@ -4,10 +4,16 @@ use std::path::PathBuf;
 
 /// The example binary `cargo test` built beside the running test (run the whole test
 /// command: a run filtered to one test file does not rebuild the example).
+#[allow(dead_code)] // not every test file that includes this runs the train example
 pub fn example() -> Option<PathBuf> {
+    example_named("train")
+}
+
+/// The example binary `name` that `cargo test` built beside the running test.
+pub fn example_named(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?.parent()?;
-    let path = dir.join("examples").join("train");
+    let path = dir.join("examples").join(name);
     path.is_file().then_some(path)
 }
 

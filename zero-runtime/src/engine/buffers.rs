@@ -87,6 +87,34 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .collect()
     }
 
+    /// Adds `grad` into the gradient of trainable parameter `k` of module `m` (counting
+    /// trainable parameters only), rounding to the gradient dtype: for a trainer whose
+    /// backward produces one parameter's gradient at a time (the candle adapter).
+    pub fn add_grad_f32(&mut self, m: usize, k: usize, grad: &[f32]) -> Result<(), EngineError> {
+        let locs = self.trainable_locs(m)?;
+        let name = self.module(m)?.name.clone();
+        let &(bucket, index) = locs.get(k).ok_or_else(|| EngineError::GradShape {
+            module: name.clone(),
+            detail: format!("no trainable parameter {k}: the module has {}", locs.len()),
+        })?;
+        let len = self.plan.buckets[bucket].layout.sizes()[index];
+        if len != grad.len() {
+            return Err(EngineError::GradShape {
+                module: name,
+                detail: format!(
+                    "gradient {k} has {} elements, the parameter has {len}",
+                    grad.len()
+                ),
+            });
+        }
+        self.begin_backward(m)?;
+        let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
+        let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
+            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
+        })?;
+        self.dev.add_f32(buf, start, grad)
+    }
+
     /// Adds `grads` (one `f32` slice per trainable parameter of `m`, in registration
     /// order) into the module's gradients, rounding to the gradient dtype.
     pub fn add_grads_f32(&mut self, m: usize, grads: &[&[f32]]) -> Result<(), EngineError> {

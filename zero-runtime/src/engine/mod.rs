@@ -424,6 +424,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &self.modules
     }
 
+    /// The device the engine's buffers live on (to read a parameter buffer into a
+    /// framework's own storage, say).
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
     /// The bucket plan.
     pub fn plan(&self) -> &Plan {
         &self.plan

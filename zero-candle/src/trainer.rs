@@ -6,7 +6,7 @@ use crate::ops::{GradTap, Sink};
 use crate::register::{Constants, Grouping, Live, Recorded, Recorder};
 use crate::stage3::ZeroModule;
 use crate::state::{ModuleState, Shared, Slot, State};
-use candle_core::{DType, Tensor, Var};
+use candle_core::{CpuStorage, DType, Storage, Tensor, Var};
 use candle_nn::VarBuilder;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,9 +61,20 @@ where
     Engine<C, D>: Send,
 {
     fn gradient(&self, slot: usize, grad: &Tensor) -> candle_core::Result<()> {
-        let g = grad.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        // Read candle's buffer in place (no copy) when it is a contiguous f32 one, as
+        // backward produces them.
+        let grad = if grad.dtype() == DType::F32 && grad.is_contiguous() {
+            grad.clone()
+        } else {
+            grad.to_dtype(DType::F32)?.contiguous()?
+        };
+        let (storage, layout) = grad.storage_and_layout();
+        let values: &[f32] = match (&*storage, layout.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => &v[a..b],
+            _ => return Err(to_candle("a gradient is not f32 on candle's CPU device")),
+        };
         self.lock()
-            .and_then(|mut st| st.gradient(slot, &g))
+            .and_then(|mut st| st.gradient(slot, values))
             .map_err(to_candle)
     }
 

@@ -223,3 +223,134 @@ fn frozen_parameters_keep_their_values_and_are_not_reported() {
         assert_eq!(name.starts_with("base."), a == b, "{name}");
     }
 }
+
+#[test]
+fn an_overflowing_fp16_step_is_skipped_and_changes_nothing() {
+    // A loss scale of 2^40 overflows fp16 gradients: the step is skipped on every rank,
+    // the parameters candle reads keep their bits, and the scale comes down until steps
+    // go through.
+    let json = r#"{"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": true, "initial_scale_power": 40, "hysteresis": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2}}"#;
+    let (first, before, after_skip, later) = on_ranks(2, |comm| {
+        let cfg = ZeroConfig::from_json_str(json, 2).unwrap();
+        let (zc, layer) = ZeroCandle::new(cfg, comm, HostDevice, Options::default(), |vb| {
+            candle_nn::linear(3, 2, vb.pp("l"))
+        })
+        .unwrap();
+        let x = Tensor::new(&[[1f32, 2., 3.], [0.5, -1., 2.]], &Device::Cpu).unwrap();
+        let read = || {
+            layer
+                .weight()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        let before = read();
+        let loss = |zc: &ZeroCandle<_, _>| {
+            zc.backward(
+                &layer
+                    .forward(&x)
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .mean_all()
+                    .unwrap(),
+            )
+            .unwrap();
+            zc.step().unwrap()
+        };
+        let first = loss(&zc);
+        let after_skip = read();
+        let mut later = first.skipped;
+        for _ in 0..40 {
+            later = loss(&zc).skipped;
+            if !later {
+                break;
+            }
+        }
+        (first.skipped, before, after_skip, later)
+    });
+    assert!(first, "2^40 should overflow fp16");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&after_skip),
+        bits(&before),
+        "a skipped step changed the parameters"
+    );
+    assert!(!later, "the loss scale never came down far enough to step");
+}
+
+/// An identity whose backward runs `probe` (to look at the engine mid-backward).
+struct Probe(std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl candle_core::CustomOp1 for Probe {
+    fn name(&self) -> &'static str {
+        "probe"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let candle_core::CpuStorage::F32(v) = s else {
+            unreachable!("f32 model")
+        };
+        let (a, b) = l.contiguous_offsets().expect("contiguous");
+        Ok((
+            candle_core::CpuStorage::F32(v[a..b].to_vec()),
+            l.shape().clone(),
+        ))
+    }
+
+    fn bwd(&self, _: &Tensor, _: &Tensor, grad: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        (self.0)();
+        Ok(Some(grad.clone()))
+    }
+}
+
+#[test]
+fn a_layers_reduction_starts_while_backward_goes_on() {
+    // y = b(tanh(probe(a(x)))): when backward reaches the probe, b's gradients are all in,
+    // so b's bucket must already have been reduced; a's not yet.
+    let (at_probe, b_elems, total) = on_ranks(2, |comm| {
+        // Buckets of at most 100 elements: each layer gets its own.
+        let json = r#"{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "reduce_bucket_size": 100}}"#;
+        let cfg = ZeroConfig::from_json_str(json, 2).unwrap();
+        let (zc, (a, b)) = ZeroCandle::new(cfg, comm, HostDevice, Options::default(), |vb| {
+            Ok((
+                candle_nn::linear(5, 64, vb.pp("a"))?,
+                candle_nn::linear(64, 3, vb.pp("b"))?,
+            ))
+        })
+        .unwrap();
+        let zc = std::sync::Arc::new(zc);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let probe = {
+            let (zc, seen) = (zc.clone(), seen.clone());
+            Probe(std::sync::Arc::new(move || {
+                *seen.lock().unwrap() =
+                    Some(zc.with_engine(|e| e.comm_stats().total_elements()).unwrap());
+            }))
+        };
+        let before = zc.with_engine(|e| e.comm_stats().total_elements()).unwrap();
+        let x = Tensor::new(
+            &[[1f32, 2., 3., 4., 5.], [0.5, -1., 2., 0., 1.]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let h = a.forward(&x).unwrap().apply_op1(probe).unwrap();
+        let y = b.forward(&h.tanh().unwrap()).unwrap();
+        zc.backward(&y.sqr().unwrap().mean_all().unwrap()).unwrap();
+        let after = zc.with_engine(|e| e.comm_stats().total_elements()).unwrap();
+        let at_probe = seen.lock().unwrap().expect("the probe's backward ran") - before;
+        (at_probe, 64 * 3 + 3, after - before)
+    });
+    println!("elements sent when backward reached the probe: {at_probe}; after backward: {total}; b has {b_elems}");
+    assert!(at_probe > 0, "nothing was reduced before backward finished");
+    assert!(
+        at_probe < total,
+        "a's reduction should come after the probe"
+    );
+}

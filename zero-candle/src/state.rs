@@ -57,6 +57,8 @@ pub(crate) struct State<C: Communicator, D: Device<Buffer = C::Buffer>> {
     pub peak_filled_bytes: usize,
     /// Names of parameters that got no gradient in the last backward.
     pub missing: Vec<String>,
+    /// Things the user should know about the setup (see `ZeroCandle::notes`).
+    pub notes: Vec<String>,
 }
 
 /// The shared state behind one lock (the gradient taps run inside candle's backward).

@@ -211,6 +211,7 @@ where
             filled_bytes: 0,
             peak_filled_bytes: 0,
             missing: Vec::new(),
+            notes: Vec::new(),
         }));
         // 4. The managed tensors: tap(anchor), filled from the engine.
         let as_sink: Arc<dyn Sink> = shared.clone();
@@ -290,6 +291,12 @@ where
         st.engine.zero_grad()?;
         st.reset_micro_step();
         Ok(())
+    }
+
+    /// Notes on the setup worth a user's attention (a stage-3 wrapper whose bucket is
+    /// shared with modules outside it, say); empty when there is nothing to say.
+    pub fn notes(&self) -> Result<Vec<String>> {
+        Ok(self.shared.lock()?.notes.clone())
     }
 
     /// Parameters that got no gradient in the last backward (a fused candle op without a
@@ -401,6 +408,30 @@ where
             }
             // The peak counts from here: construction filled the whole model once.
             st.peak_filled_bytes = st.filled_bytes;
+            // Stage 3 gathers whole buckets: one shared with modules outside this wrapper
+            // is gathered for each user.
+            let plan = st.engine.plan();
+            let mut shared: Vec<&str> = Vec::new();
+            for &m in &modules {
+                let Some(b) = plan.fetch_bucket[m] else {
+                    continue;
+                };
+                for &o in &plan.buckets[b].modules {
+                    if !modules.contains(&o) && !shared.contains(&names[o].as_str()) {
+                        shared.push(&names[o]);
+                    }
+                }
+            }
+            if !shared.is_empty() {
+                let mut with = shared[..shared.len().min(3)].join(", ");
+                if shared.len() > 3 {
+                    with += &format!(" and {} more", shared.len() - 3);
+                }
+                let note = format!(
+                    "stage 3: `{prefix}` shares a gathered bucket with {with}, so that bucket is gathered for each of them; a reduce_bucket_size below the size of a wrapped part gives each its own"
+                );
+                st.notes.push(note);
+            }
         }
         let sink: Arc<dyn Sink> = self.shared.clone();
         Ok(ZeroModule::new(

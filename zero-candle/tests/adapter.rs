@@ -354,3 +354,33 @@ fn a_layers_reduction_starts_while_backward_goes_on() {
         "a's reduction should come after the probe"
     );
 }
+
+#[test]
+fn a_stage3_wrapper_sharing_a_bucket_is_noted() {
+    let notes = |bucket: u64| {
+        on_ranks(1, |comm| {
+            let json = format!(
+                r#"{{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {{"stage": 3, "reduce_bucket_size": {bucket}, "stage3_param_persistence_threshold": 0}}}}"#
+            );
+            let cfg = ZeroConfig::from_json_str(&json, 1).unwrap();
+            let options = Options {
+                grouping: GptConfig::grouping(),
+                ..Default::default()
+            };
+            let (zc, parts) =
+                ZeroCandle::new(cfg, comm, HostDevice, options, |vb| gpt::parts(&CFG, vb)).unwrap();
+            drop(Gpt::wrapped(&zc, parts).unwrap());
+            zc.notes().unwrap()
+        })
+    };
+    // Buckets of 4,000 elements split where the parts do.
+    assert_eq!(notes(4000), Vec::<String>::new());
+    // One bucket for the whole model: every part shares it.
+    let all = notes(1_000_000);
+    assert_eq!(all.len(), CFG.blocks + 2, "{all:?}");
+    assert!(
+        all[0].contains("`embed` shares a gathered bucket with head.out")
+            && all[0].contains("5 more"),
+        "{all:?}"
+    );
+}

@@ -193,6 +193,11 @@ fn train(
                     let (zc, parts) = ZeroCandle::new(cfg.clone(), comm, HostDevice, options, |vb| gpt::parts(model, vb))
                         .map_err(|e| e.to_string())?;
                     let gpt = Gpt::wrapped(&zc, parts).map_err(|e| e.to_string())?;
+                    if rank == 0 {
+                        for note in zc.notes().map_err(|e| e.to_string())? {
+                            pb.suspend(|| println!("  note: {note}"));
+                        }
+                    }
                     let err = |step: usize| move |e: zero_candle::Error| format!("step {step}: {e}");
                     let cerr = |step: usize| move |e: candle_core::Error| format!("step {step}: {e}");
                     let (mut forward, mut backward) = (Duration::ZERO, Duration::ZERO);
@@ -213,7 +218,7 @@ fn train(
                         }
                         if step == 0 {
                             if let Some(m) = zc.missing_grads_message().map_err(err(step))?.filter(|_| rank == 0) {
-                                pb.println(format!("warning: {m}"));
+                                pb.suspend(|| println!("warning: {m}"));
                             }
                         }
                         let out = zc.step().map_err(err(step))?;
@@ -222,7 +227,7 @@ fn train(
                             let sm = smooth.map_or(loss, |s| 0.95 * s + 0.05 * loss);
                             smooth = Some(sm);
                             if out.skipped {
-                                pb.println(format!("step {step}: gradient overflow, step skipped on every rank; loss scale now {}", out.loss_scale));
+                                pb.suspend(|| println!("step {step}: gradient overflow, step skipped on every rank; loss scale now {}", out.loss_scale));
                             }
                             let tok_s = ((step + 1) * per_step * t) as f64 / t0.elapsed().as_secs_f64();
                             pb.set_message(format!("loss {sm:.3} | {tok_s:.0} tok/s"));

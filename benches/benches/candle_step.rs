@@ -42,6 +42,11 @@ fn batch(step: usize) -> (Tensor, Tensor) {
     )
 }
 
+/// One side of the comparison: `step` runs training step `step` and returns its time.
+trait Side {
+    fn step(&mut self, step: usize) -> Duration;
+}
+
 /// candle alone.
 struct Plain {
     model: Gpt,
@@ -61,7 +66,9 @@ impl Plain {
         let opt = candle_nn::AdamW::new(map.all_vars(), params).expect("AdamW");
         Self { model, opt }
     }
+}
 
+impl Side for Plain {
     fn step(&mut self, step: usize) -> Duration {
         let (x, y) = batch(step);
         let t0 = Instant::now();
@@ -101,7 +108,9 @@ impl Zero {
             zc,
         }
     }
+}
 
+impl Side for Zero {
     fn step(&mut self, step: usize) -> Duration {
         let (x, y) = batch(step);
         let t0 = Instant::now();
@@ -137,26 +146,22 @@ fn candle_step(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("candle_step");
     let mut n = 0;
-    g.bench_function("candle_adamw", |bch| {
-        bch.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    n += 1;
-                    plain.step(n)
-                })
-                .sum()
-        })
-    });
-    g.bench_function("zero_candle_stage0", |bch| {
-        bch.iter_custom(|iters| {
-            (0..iters)
-                .map(|_| {
-                    n += 1;
-                    zero.step(n)
-                })
-                .sum()
-        })
-    });
+    let sides: [(&str, &mut dyn Side); 2] = [
+        ("candle_adamw", &mut plain),
+        ("zero_candle_stage0", &mut zero),
+    ];
+    for (name, side) in sides {
+        g.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        n += 1;
+                        side.step(n)
+                    })
+                    .sum()
+            })
+        });
+    }
     g.finish();
 }
 

@@ -18,7 +18,6 @@ mod source;
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use flags::ConfigFlags;
-use indicatif::{ProgressBar, ProgressStyle};
 use report::RankResult;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -171,14 +170,8 @@ fn train(
     let held_out = source.sample(args.seed ^ 0xe7a1, (EVAL_SEQUENCES + 1) * t + 1);
     let comms =
         HostGroup::with_timeout(world, Duration::from_secs(300)).map_err(|e| e.to_string())?;
-    let pb = ProgressBar::new(steps as u64);
-    pb.set_style(
-        ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    pb.set_prefix(cfg.zero.stage.to_string());
-    let results: Vec<Result<(RankResult, CandleBytes), String>> = std::thread::scope(|s| {
+    let pb = report::progress_bar(steps, cfg.zero.stage)?;
+    let result = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
@@ -260,17 +253,10 @@ fn train(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-            .collect()
+        report::rank_zero(handles)
     });
     pb.finish_and_clear();
-    let mut ok = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
-        ok.push(r.map_err(|e| format!("rank {rank}: {e}"))?);
-    }
-    Ok(ok.swap_remove(0))
+    result
 }
 
 /// Mean loss (nats/char) on held-out text, over the positions that see both letters of

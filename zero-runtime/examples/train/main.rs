@@ -16,7 +16,6 @@ mod report;
 
 use clap::{Parser, ValueEnum};
 use flags::ConfigFlags;
-use indicatif::{ProgressBar, ProgressStyle};
 use report::RankResult;
 use serde_json::json;
 use std::path::PathBuf;
@@ -228,14 +227,8 @@ where
     let world = comms.first().map_or(1, |c| c.world_size());
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
-    let pb = ProgressBar::new(args.steps() as u64);
-    pb.set_style(
-        ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    pb.set_prefix(cfg.zero.stage.to_string());
-    let results: Vec<Result<RankResult, String>> = std::thread::scope(|s| {
+    let pb = report::progress_bar(args.steps(), cfg.zero.stage)?;
+    let result = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
@@ -304,15 +297,8 @@ where
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
-            .collect()
+        report::rank_zero(handles)
     });
     pb.finish_and_clear();
-    let mut ok = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
-        ok.push(r.map_err(|e| format!("rank {rank}: {e}"))?);
-    }
-    Ok(ok.swap_remove(0))
+    result
 }

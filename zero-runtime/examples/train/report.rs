@@ -2,8 +2,36 @@
 //! communication table against theory, the time split and the final loss against the
 //! entropy rate. Shared by this example and zero-candle's GPT example.
 
+use indicatif::{ProgressBar, ProgressStyle};
+use std::thread::ScopedJoinHandle;
 use std::time::Duration;
 use zero_runtime::{CommReport, MemoryReport, Timings, ZeroConfig};
+
+/// The progress bar of a training run of `steps` steps at ZeRO `stage` (rank 0 advances it).
+pub fn progress_bar(steps: usize, stage: u8) -> Result<ProgressBar, String> {
+    let pb = ProgressBar::new(steps as u64);
+    pb.set_style(
+        ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(stage.to_string());
+    Ok(pb)
+}
+
+/// Joins every rank's thread and returns rank 0's result, or the first failing rank's
+/// error, named.
+pub fn rank_zero<T>(handles: Vec<ScopedJoinHandle<'_, Result<T, String>>>) -> Result<T, String> {
+    let results: Vec<Result<T, String>> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+        .collect();
+    let mut ok = Vec::with_capacity(results.len());
+    for (rank, r) in results.into_iter().enumerate() {
+        ok.push(r.map_err(|e| format!("rank {rank}: {e}"))?);
+    }
+    Ok(ok.swap_remove(0))
+}
 
 /// What one rank measured.
 pub struct RankResult {

@@ -92,37 +92,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// backward produces one parameter's gradient at a time (the candle adapter).
     pub fn add_grad_f32(&mut self, m: usize, k: usize, grad: &[f32]) -> Result<(), EngineError> {
         let locs = self.trainable_locs(m)?;
-        let name = self.module(m)?.name.clone();
-        let &(bucket, index) = locs.get(k).ok_or_else(|| EngineError::GradShape {
-            module: name.clone(),
+        let &loc = locs.get(k).ok_or_else(|| EngineError::GradShape {
+            module: self.modules[m].name.clone(),
             detail: format!("no trainable parameter {k}: the module has {}", locs.len()),
         })?;
-        let len = self.plan.buckets[bucket].layout.sizes()[index];
-        if len != grad.len() {
-            return Err(EngineError::GradShape {
-                module: name,
-                detail: format!(
-                    "gradient {k} has {} elements, the parameter has {len}",
-                    grad.len()
-                ),
-            });
-        }
+        self.check_grad_len(m, k, loc, grad)?;
         self.begin_backward(m)?;
-        let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
-        let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
-            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
-        })?;
-        self.dev.add_f32(buf, start, grad)
+        self.add_into_grads(loc, grad)
     }
 
     /// Adds `grads` (one `f32` slice per trainable parameter of `m`, in registration
     /// order) into the module's gradients, rounding to the gradient dtype.
     pub fn add_grads_f32(&mut self, m: usize, grads: &[&[f32]]) -> Result<(), EngineError> {
-        let name = self.module(m)?.name.clone();
         let locs = self.trainable_locs(m)?;
         if locs.len() != grads.len() {
             return Err(EngineError::GradShape {
-                module: name,
+                module: self.module(m)?.name.clone(),
                 detail: format!(
                     "{} gradients given for {} trainable parameters",
                     grads.len(),
@@ -130,26 +115,48 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 ),
             });
         }
-        for (i, ((bucket, index), g)) in locs.iter().zip(grads).enumerate() {
-            let len = self.plan.buckets[*bucket].layout.sizes()[*index];
-            if len != g.len() {
-                return Err(EngineError::GradShape {
-                    module: name,
-                    detail: format!(
-                        "gradient {i} has {} elements, the parameter has {len}",
-                        g.len()
-                    ),
-                });
-            }
+        for (i, (&loc, g)) in locs.iter().zip(grads).enumerate() {
+            self.check_grad_len(m, i, loc, g)?;
         }
         self.begin_backward(m)?;
-        for ((bucket, index), g) in locs.iter().zip(grads) {
-            let start = self.plan.buckets[*bucket].layout.tensor_range(*index).start;
-            let buf = self.buckets[*bucket].grads.as_mut().ok_or_else(|| {
-                EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
-            })?;
-            self.dev.add_f32(buf, start, g)?;
+        for (&loc, g) in locs.iter().zip(grads) {
+            self.add_into_grads(loc, g)?;
         }
         Ok(())
+    }
+
+    /// Checks that gradient `i` of module `m`, for the parameter at `(bucket, index)`, has
+    /// the parameter's length.
+    fn check_grad_len(
+        &self,
+        m: usize,
+        i: usize,
+        (bucket, index): (usize, usize),
+        g: &[f32],
+    ) -> Result<(), EngineError> {
+        let len = self.plan.buckets[bucket].layout.sizes()[index];
+        if len == g.len() {
+            return Ok(());
+        }
+        Err(EngineError::GradShape {
+            module: self.module(m)?.name.clone(),
+            detail: format!(
+                "gradient {i} has {} elements, the parameter has {len}",
+                g.len()
+            ),
+        })
+    }
+
+    /// Adds `g` into the gradient buffer of the parameter at `(bucket, index)`.
+    fn add_into_grads(
+        &mut self,
+        (bucket, index): (usize, usize),
+        g: &[f32],
+    ) -> Result<(), EngineError> {
+        let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
+        let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
+            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
+        })?;
+        self.dev.add_f32(buf, start, g)
     }
 }

@@ -291,9 +291,9 @@ fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
     let dg = st.upload(&grads).unwrap();
     let scale = st.upload(&[1.0f32]).unwrap();
     let one = [1i32];
-    // A test-only pageable upload, synchronized before `one` goes out of scope.
-    #[allow(clippy::disallowed_methods)]
-    let flag = st.cuda().clone_htod(&one).unwrap();
+    // A pageable upload through the one copy helper, synchronized before `one` goes.
+    let mut flag = st.cuda().alloc_zeros::<i32>(1).unwrap();
+    zero_kernels::cuda::copy_htod(st.cuda(), &one, &mut flag).unwrap();
     st.synchronize().unwrap();
     st.adam(
         &AdamConfig::adamw(1e-2),
@@ -331,10 +331,34 @@ fn adam_skips_on_the_device_when_the_found_inf_flag_is_set() {
 }
 
 fn pinned_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
-    let st = g.new_stream().unwrap();
-    // Odd lengths, empty, and more than one 16 MiB pinned chunk.
+    // A new stream, and the default stream, where cudarc records no event of its own on
+    // pinned memory unless it manages several streams: the staging's own events must
+    // order the copies either way.
+    for st in [g.new_stream().unwrap(), g.default_stream()] {
+        pinned_on_stream::<T>(&st, rng);
+    }
+}
+
+fn pinned_on_stream<T: GpuElement>(st: &zero_kernels::cuda::GpuStream, rng: &mut ChaCha8Rng) {
+    // Unequal lengths are an error naming both, never a copy past either end.
+    let dev = st.zeros(T::DTYPE, 4).unwrap();
+    let four = dev.view::<T>(0..4).unwrap();
+    let mut nine = vec![poison::<T>(); 9];
+    let e = zero_kernels::cuda::copy_dtoh(st.cuda(), &four, &mut nine).unwrap_err();
+    assert!(
+        e.to_string().contains('9') && e.to_string().contains('4'),
+        "{e}"
+    );
+    assert!(st.download_pinned(&four, &mut nine).is_err());
+    assert_eq!(
+        bits(&nine),
+        bits(&[poison::<T>(); 9]),
+        "a refused copy wrote"
+    );
+    // Odd lengths, empty, more than one 16 MiB pinned chunk, and more than two (the
+    // download's two buffers alternate).
     let big = (16 << 20) / std::mem::size_of::<T>() + 3;
-    for n in LENGTHS.into_iter().chain([big]) {
+    for n in LENGTHS.into_iter().chain([big, 2 * big + 5]) {
         let mut src: Vec<T> = wide_vec(rng, n).into_iter().map(T::from_f32).collect();
         plant_non_finite(rng, &mut src);
         let want = bits(&src);

@@ -83,7 +83,7 @@ impl Device for CudaDevice {
         // The f32 state streams into the caller's (I/O) buffer through a pinned chunk;
         // 16-bit buffers go through a device-side widening copy first.
         if src.dtype() == DType::F32 {
-            let view = src.view::<f32>(range).map_err(device_error)?;
+            let view = self.stream.read::<f32>(src, range).map_err(device_error)?;
             return self
                 .stream
                 .download_pinned(&view, dst)
@@ -94,7 +94,7 @@ impl Device for CudaDevice {
         self.stream
             .copy(src, range, &mut wide, 0)
             .map_err(device_error)?;
-        let view = wide.view::<f32>(0..n).map_err(device_error)?;
+        let view = self.stream.read::<f32>(&wide, 0..n).map_err(device_error)?;
         self.stream
             .download_pinned(&view, dst)
             .map_err(device_error)
@@ -126,7 +126,7 @@ impl Device for CudaDevice {
         if src.dtype() == dst.dtype() {
             // Through pinned chunks: full-speed DMA (the offload step's gradients).
             return with_gpu_type!(src.dtype(), T => {
-                let view = src.view::<T>(range).map_err(device_error)?;
+                let view = self.stream.read::<T>(src, range).map_err(device_error)?;
                 let d = dst.as_mut_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
                 self.stream.download_pinned(&view, &mut d[offset..offset + n]).map_err(device_error)
             });
@@ -159,10 +159,6 @@ impl Device for CudaDevice {
         self.stream
             .copy(&tmp, 0..n, dst, offset)
             .map_err(device_error)
-    }
-
-    fn pins_host_memory(&self) -> bool {
-        true
     }
 
     fn copy(
@@ -210,12 +206,13 @@ impl Device for CudaDevice {
     ) -> Result<(), EngineError> {
         let n = state.master.len();
         let mut run = || -> Result<(), GpuError> {
-            let mut w = state.master.view_mut::<f32>(0..n)?;
-            let mut m = state.exp_avg.view_mut::<f32>(0..n)?;
-            let mut v = state.exp_avg_sq.view_mut::<f32>(0..n)?;
+            let st = &self.stream;
+            let mut w = st.write::<f32>(&mut state.master, 0..n)?;
+            let mut m = st.write::<f32>(&mut state.exp_avg, 0..n)?;
+            let mut v = st.write::<f32>(&mut state.exp_avg_sq, 0..n)?;
             with_gpu_type!(grads.dtype(), G => with_gpu_type!(params.dtype(), P => {
-                let g = grads.view::<G>(range.clone())?;
-                let mut p = params.view_mut::<P>(offset..offset + n)?;
+                let g = st.read::<G>(grads, range.clone())?;
+                let mut p = st.write::<P>(params, offset..offset + n)?;
                 self.stream.adam(
                     cfg,
                     step,

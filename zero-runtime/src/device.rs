@@ -104,11 +104,6 @@ pub trait Device: Send {
         dst: &mut Self::Buffer,
         offset: usize,
     ) -> Result<(), EngineError>;
-    /// Whether host memory this device copies through is pinned (a GPU): what the
-    /// locked-memory limit must cover.
-    fn pins_host_memory(&self) -> bool {
-        false
-    }
     /// Copies `src[range]` to `dst[offset..]`, converting dtype.
     fn copy(
         &self,

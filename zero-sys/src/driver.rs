@@ -2,23 +2,104 @@
 //!
 //! `cudarc` panics when the driver is missing, so callers open it with [`library`] first:
 //! a machine without a GPU driver gets a [`LoadError`] naming the library and the places
-//! tried. Once our handle is open, `cudarc`'s lookup by soname finds the same library.
+//! tried. Without an override, our search is `cudarc`'s (the same names in the same
+//! order), so both open the same library.
+//!
+//! `ZERO_CUDA_LIB` opens a library by path, but `cudarc` still opens the driver by name
+//! (`libcuda.so` first): where one of its names resolves to another file (a toolkit's
+//! `stubs/libcuda.so` on `LD_LIBRARY_PATH`, say), every driver call would go there and
+//! the override would be silently ignored. So with an override, [`library`] checks that
+//! `cudarc`'s library is the same one — the same address for `cuDriverGetVersion` — and
+//! otherwise fails naming both files.
 
 use crate::{load_library, LoadError, LoadedLibrary};
+use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
 static LIBRARY: OnceLock<Result<LoadedLibrary, LoadError>> = OnceLock::new();
 
-/// Opens the CUDA driver once per process (`ZERO_CUDA_LIB` overrides the search).
+/// The variable that overrides the driver search.
+const OVERRIDE: &str = "ZERO_CUDA_LIB";
+
+/// Opens the CUDA driver once per process (`ZERO_CUDA_LIB` overrides the search, and is
+/// checked to be the library `cudarc` calls).
 pub fn library() -> Result<&'static LoadedLibrary, LoadError> {
     LIBRARY
         .get_or_init(|| {
             let names = cudarc::get_lib_name_candidates("cuda");
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            load_library("the CUDA driver (libcuda)", &names, Some("ZERO_CUDA_LIB"))
+            let ours = load_library("the CUDA driver (libcuda)", &names, Some(OVERRIDE))?;
+            if std::env::var_os(OVERRIDE).is_some() {
+                check_cudarc_calls(&ours, &names)?;
+            }
+            Ok(ours)
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+/// The name of the entry point compared between the two handles.
+const VERSION_ENTRY: &[u8] = b"cuDriverGetVersion\0";
+
+/// The address our handle gives `cuDriverGetVersion`, if it has one.
+fn our_version_entry(lib: &libloading::Library) -> Option<usize> {
+    // SAFETY: cuDriverGetVersion(int*) -> CUresult (an int) in every CUDA driver; only its
+    // address is taken here.
+    let sym = unsafe { lib.get::<DriverGetVersion>(VERSION_ENTRY) }.ok()?;
+    Some(*sym as usize)
+}
+
+/// The address `cudarc`'s handle gives `cuDriverGetVersion`. cudarc holds the library
+/// through another libloading release than ours; its own `get` is called directly.
+fn cudarc_version_entry() -> Option<usize> {
+    // SAFETY: only called once one of cudarc's names opens (see check_cudarc_calls), so
+    // culib returns its library instead of panicking.
+    let theirs = unsafe { cudarc::driver::sys::culib() };
+    // SAFETY: as in our_version_entry.
+    let sym = unsafe { theirs.get::<DriverGetVersion>(VERSION_ENTRY) }.ok()?;
+    Some(*sym as usize)
+}
+
+/// The file a loaded function lives in (`dladdr`), or `?`.
+fn file_of(addr: usize) -> String {
+    // SAFETY: all-zero bits are a valid Dl_info (pointers and integers).
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads `addr` as a number and fills the live local `info`.
+    let found = unsafe { libc::dladdr(addr as *const c_void, &mut info) } != 0;
+    if !found || info.dli_fname.is_null() {
+        return "?".into();
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader, valid while the
+    // library stays loaded (it is, by cudarc's handle).
+    unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Checks that `cudarc`'s driver library is `ours`.
+fn check_cudarc_calls(ours: &LoadedLibrary, names: &[&str]) -> Result<(), LoadError> {
+    // SAFETY: opening a driver library by the names cudarc itself opens (see
+    // load_library); the handle is closed again at once.
+    let reachable = names
+        .iter()
+        .any(|n| unsafe { libloading::Library::new(n) }.is_ok());
+    if !reachable {
+        return Err(LoadError::Unreachable {
+            env_override: OVERRIDE.into(),
+            wanted: ours.opened_as.clone(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+        });
+    }
+    match (our_version_entry(&ours.handle), cudarc_version_entry()) {
+        (Some(a), Some(b)) if a == b => Ok(()),
+        (_, b) => Err(LoadError::Shadowed {
+            env_override: OVERRIDE.into(),
+            wanted: ours.opened_as.clone(),
+            other: b.map_or_else(|| "a library without cuDriverGetVersion".into(), file_of),
+        }),
+    }
 }
 
 /// The CUDA version the driver supports, as `(major, minor)` (`cuDriverGetVersion`:

@@ -15,6 +15,37 @@ pub enum LoadError {
         /// The environment variable that overrides the search, if any.
         env_override: Option<String>,
     },
+    /// The override names one library, and `cudarc`, which opens the CUDA driver by its
+    /// usual names, would call another one.
+    #[error(
+        "{env_override}={wanted}, but cudarc opens the CUDA driver by its usual names and \
+         finds {other} first, a different library: the override would be silently ignored. \
+         Remove {other}'s folder from LD_LIBRARY_PATH (a CUDA toolkit's stubs folder is a \
+         common cause), or unset {env_override}"
+    )]
+    Shadowed {
+        /// The override variable.
+        env_override: String,
+        /// The library it names.
+        wanted: String,
+        /// The file `cudarc` opens instead.
+        other: String,
+    },
+    /// The override names a library `cudarc` cannot reach: none of its names resolves.
+    #[error(
+        "{env_override}={wanted} loads, but cudarc opens the CUDA driver only by the names \
+         {}, and none of them resolves (a driver library has the soname libcuda.so.1; \
+         put its folder on LD_LIBRARY_PATH)",
+        names.join(", ")
+    )]
+    Unreachable {
+        /// The override variable.
+        env_override: String,
+        /// The library it names.
+        wanted: String,
+        /// The names `cudarc` tries.
+        names: Vec<String>,
+    },
 }
 
 fn env_hint(var: &Option<String>) -> String {

@@ -221,7 +221,7 @@ fn nvrtc_is_chosen_by_the_drivers_major_version() {
         return;
     };
     for (driver, major) in [((13, 0), 13), ((12, 4), 12)] {
-        let n = discover(None, Some(driver), &wheels).unwrap_or_else(|e| panic!("{e}"));
+        let n = discover(None, Some(driver), None, &wheels).unwrap_or_else(|e| panic!("{e}"));
         println!(
             "driver {}.{}: NVRTC {}.{} from {}",
             driver.0,
@@ -252,7 +252,25 @@ fn nvrtc_is_chosen_by_the_drivers_major_version() {
         .filter(|w| w.join("nvidia/cu13/lib/libnvrtc.so.13").exists())
         .cloned()
         .collect();
-    match discover(None, Some((12, 4)), &only13) {
+    // Only a 12.x wheel and a 13.0 driver (PyTorch's cu12 wheels on a new driver): NVRTC
+    // 12, whose cubins load on the newer driver. Both wheels and a sm_70 GPU: NVRTC 12 too.
+    let only12: Vec<PathBuf> = wheels
+        .iter()
+        .filter(|w| w.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12").exists())
+        .cloned()
+        .collect();
+    for (roots, cc) in [(&only12, None), (&wheels, Some((7, 0)))] {
+        let n = discover(None, Some((13, 0)), cc, roots).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "driver 13.0, GPU {cc:?}, {} folders: NVRTC {}.{} from {}",
+            roots.len(),
+            n.version().0,
+            n.version().1,
+            n.opened_as()
+        );
+        assert_eq!(n.version().0, 12, "{}", n.opened_as());
+    }
+    match discover(None, Some((12, 4)), None, &only13) {
         Err(e @ NvrtcError::NoMatch { .. }) => {
             let msg = e.to_string();
             assert!(

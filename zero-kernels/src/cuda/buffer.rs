@@ -3,6 +3,7 @@
 //! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
 
 use super::gpu::{driver, GpuError};
+use super::readers::{StreamId, StreamReaders};
 use crate::{DType, Element};
 use half::{bf16, f16};
 use std::ops::Range;
@@ -88,6 +89,13 @@ macro_rules! with_gpu_type {
 pub struct GpuBuffer {
     data: GpuData,
     len: usize,
+    /// Which streams read it since its last write (checked in debug builds).
+    readers: StreamReaders,
+}
+
+/// The identity [`StreamReaders`] knows a stream by.
+fn stream_id(stream: &CudaStream) -> StreamId {
+    stream.cu_stream() as usize as u64 + 1
 }
 
 fn out_of_range(what: &str, range: &Range<usize>, len: usize) -> GpuError {
@@ -116,7 +124,11 @@ impl GpuBuffer {
         let data = with_gpu_type!(dtype, T => T::wrap(
             stream.alloc_zeros::<T>(cap).map_err(driver("alloc"))?
         ));
-        Ok(GpuBuffer { data, len })
+        Ok(GpuBuffer {
+            data,
+            len,
+            readers: StreamReaders::default(),
+        })
     }
 
     /// Wraps a whole allocation.
@@ -125,6 +137,7 @@ impl GpuBuffer {
         GpuBuffer {
             data: T::wrap(s),
             len,
+            readers: StreamReaders::default(),
         }
     }
 
@@ -172,9 +185,39 @@ impl GpuBuffer {
         &self.data
     }
 
+    /// Notes a read on `stream` (debug builds), for the last-reader rule.
+    pub(crate) fn note_read(&self, stream: &CudaStream) {
+        if cfg!(debug_assertions) {
+            self.readers.read(stream_id(stream));
+        }
+    }
+
+    /// Notes a write on `stream` (debug builds) and asserts it waits for every earlier
+    /// read: `cudarc` keeps only the last reader's event, so a write after reads on two
+    /// other streams would race with the first (ARCHITECTURE.md, invariant 19).
+    pub(crate) fn note_write(&self, stream: &CudaStream) {
+        if cfg!(debug_assertions) {
+            if let Err(racing) = self.readers.write(stream_id(stream)) {
+                debug_assert!(
+                    false,
+                    "a write on stream {:#x} to a {} buffer of {} elements does not wait for \
+                     the earlier reads on stream(s) {racing:#x?}: cudarc's read event holds \
+                     only the last reader (ARCHITECTURE.md, invariant 19)",
+                    stream_id(stream),
+                    self.dtype(),
+                    self.len
+                );
+            }
+        }
+    }
+
     /// The allocation's device address for a read on `stream` (which first waits for the
     /// buffer's last write); the guard records the read when dropped, after the caller has
     /// queued it.
+    ///
+    /// Not noted for the last-reader rule: its one user (NCCL) waits on the host for the
+    /// collective's completion before the buffer comes back, so its reads are over before
+    /// any other stream can use the buffer.
     pub fn read_addr<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
         match &self.data {
             GpuData::F32(s) => s.device_ptr(stream),
@@ -186,6 +229,7 @@ impl GpuBuffer {
     /// The allocation's device address for a write on `stream` (which first waits for the
     /// buffer's last read and write); the guard records the write when dropped.
     pub fn write_addr<'a>(&'a mut self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
+        self.note_write(stream);
         match &mut self.data {
             GpuData::F32(s) => s.device_ptr_mut(stream),
             GpuData::F16(s) => s.device_ptr_mut(stream),
@@ -194,6 +238,7 @@ impl GpuBuffer {
     }
 
     /// `self[range]` as `T`: an error if it holds another type or the range is outside.
+    /// Not tracked for the last-reader rule: engine paths use `GpuStream::read`, which is.
     pub fn view<T: GpuElement>(&self, range: Range<usize>) -> Result<CudaView<'_, T>, GpuError> {
         if range.start > range.end || range.end > self.len {
             return Err(out_of_range("view", &range, self.len));
@@ -204,7 +249,8 @@ impl GpuBuffer {
             .ok_or_else(|| wrong_type("view", T::SUFFIX, dtype))
     }
 
-    /// `self[range]` as mutable `T`.
+    /// `self[range]` as mutable `T` (untracked, as [`view`](Self::view); engine paths use
+    /// `GpuStream::write`).
     pub fn view_mut<T: GpuElement>(
         &mut self,
         range: Range<usize>,

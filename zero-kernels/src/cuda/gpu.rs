@@ -35,6 +35,23 @@ pub enum GpuError {
         /// The driver's message.
         message: String,
     },
+    /// A driver error from an earlier call that could not report it: `cudarc` keeps the
+    /// errors of frees and event records made in `Drop` in the context, shared by every
+    /// thread of the process, and returns them from the next call on any thread.
+    #[error(
+        "CUDA driver error {message} on GPU {device}, noticed before {noticed_in}: it was \
+         deferred from an earlier free or event record in a Drop on some thread of this \
+         process (with ranks as threads, possibly another rank's), not caused by this call; \
+         the GPU context may be unusable (docs/LAUNCHING.md, \"Troubleshooting\")"
+    )]
+    Deferred {
+        /// The device ordinal.
+        device: usize,
+        /// The call that found the error waiting.
+        noticed_in: &'static str,
+        /// The driver's message.
+        message: String,
+    },
     /// A kernel did not compile.
     #[error(transparent)]
     Compile(#[from] NvrtcError),
@@ -123,11 +140,11 @@ impl Gpu {
 
     fn open_device(ordinal: usize) -> Result<Gpu, GpuError> {
         let driver_version = zero_sys::driver::version().map_err(opening_error)?;
-        let nvrtc = zero_sys::nvrtc::version()?;
         let ctx = CudaContext::new(ordinal).map_err(driver("CudaContext::new"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("compute_capability"))?;
+        let nvrtc = zero_sys::nvrtc::Nvrtc::for_device((major, minor))?.version();
         super::check_toolchain(driver_version, nvrtc, (major, minor)).map_err(opening_error)?;
         let arch = format!("sm_{major}{minor}");
         let key = super::kernel_cache::CacheKey {

@@ -5,15 +5,18 @@
 //! so NVRTC needs no include path. [`GpuStream`] launches them on device buffers.
 
 mod buffer;
+mod copies;
 mod device_choice;
 mod gpu;
 pub mod kernel_cache;
 mod ops;
+mod readers;
 mod staging;
 mod stream;
 mod toolchain;
 
 pub use buffer::{GpuBuffer, GpuData, GpuElement};
+pub use copies::{copy_dtoh, copy_htod, pinned_flags, Direction};
 pub use device_choice::choose_device;
 pub use gpu::{Gpu, GpuError};
 pub use ops::{AdamViews, GradScale};

@@ -12,6 +12,7 @@
 //! last read too, so no buffer is reused or freed while another stream still uses it.
 
 use super::buffer::{GpuBuffer, GpuElement};
+use super::copies::{copy_dtoh, copy_htod};
 use super::gpu::{driver, Gpu, GpuError};
 use super::staging::{TableStaging, TransferStaging};
 use crate::{with_gpu_type, DType, GradStats, KernelError};
@@ -95,6 +96,43 @@ impl GpuStream {
         self.tables.upload(&self.stream, table)
     }
 
+    /// `b[range]` as `T`, for a read on this stream: the use is noted for the
+    /// last-reader rule (debug builds; see [`GpuBuffer`]'s `note_write`).
+    pub fn read<'a, T: GpuElement>(
+        &self,
+        b: &'a GpuBuffer,
+        range: Range<usize>,
+    ) -> Result<CudaView<'a, T>, GpuError> {
+        self.deferred_errors("a read")?;
+        b.note_read(&self.stream);
+        b.view(range)
+    }
+
+    /// `b[range]` as mutable `T`, for a write (or read and write) on this stream; checks
+    /// the last-reader rule in debug builds.
+    pub fn write<'a, T: GpuElement>(
+        &self,
+        b: &'a mut GpuBuffer,
+        range: Range<usize>,
+    ) -> Result<CudaViewMut<'a, T>, GpuError> {
+        self.deferred_errors("a write")?;
+        b.note_write(&self.stream);
+        b.view_mut(range)
+    }
+
+    /// Errors `cudarc` kept from earlier `Drop`s in this context, reported as such
+    /// ([`GpuError::Deferred`]) rather than as a failure of the call that found them.
+    fn deferred_errors(&self, noticed_in: &'static str) -> Result<(), GpuError> {
+        self.stream
+            .context()
+            .check_err()
+            .map_err(|e| GpuError::Deferred {
+                device: self.gpu.ordinal,
+                noticed_in,
+                message: format!("{e:?}"),
+            })
+    }
+
     /// The `cudarc` stream, for other crates' launches (NCCL takes its raw handle).
     pub fn cuda(&self) -> &Arc<CudaStream> {
         &self.stream
@@ -128,17 +166,14 @@ impl GpuStream {
     /// A buffer holding `src` (waits for the stream: CUDA may read pageable `src` after
     /// an asynchronous copy returns).
     pub fn upload<T: GpuElement>(&self, src: &[T]) -> Result<GpuBuffer, GpuError> {
-        if src.is_empty() {
-            return self.zeros(T::DTYPE, 0);
+        let mut buf = self.zeros(T::DTYPE, src.len())?;
+        if !src.is_empty() {
+            let mut view = self.write::<T>(&mut buf, 0..src.len())?;
+            copy_htod(&self.stream, src, &mut view)?;
+            // Pageable `src`: synchronized before it can go.
+            self.synchronize()?;
         }
-        // The one sanctioned pageable upload: synchronized before `src` can go.
-        #[allow(clippy::disallowed_methods)]
-        let s = self
-            .stream
-            .clone_htod(src)
-            .map_err(driver("copy to device"))?;
-        self.synchronize()?;
-        Ok(GpuBuffer::from_slice(s))
+        Ok(buf)
     }
 
     /// `src[range]` copied to the host (waits for the stream).
@@ -149,7 +184,7 @@ impl GpuStream {
     ) -> Result<Vec<T>, GpuError> {
         let mut out = vec![T::default(); range.len()];
         if !out.is_empty() {
-            let view = src.view::<T>(range)?;
+            let view = self.read::<T>(src, range)?;
             self.download_view(&view, &mut out)?;
         }
         Ok(out)
@@ -162,12 +197,8 @@ impl GpuStream {
         src: &CudaView<'_, T>,
         dst: &mut [T],
     ) -> Result<(), GpuError> {
-        check_same_len("download: dst", src.len(), dst.len())?;
-        // The one sanctioned pageable download: synchronized before `dst` is read.
-        #[allow(clippy::disallowed_methods)]
-        self.stream
-            .memcpy_dtoh(src, dst)
-            .map_err(driver("copy to host"))?;
+        copy_dtoh(&self.stream, src, dst)?;
+        // Pageable `dst`: synchronized before it is read.
         self.synchronize()
     }
 
@@ -192,7 +223,7 @@ impl GpuStream {
         dst: &mut GpuBuffer,
         offset: usize,
     ) -> Result<(), GpuError> {
-        let mut view = dst.view_mut::<T>(offset..offset + src.len())?;
+        let mut view = self.write::<T>(dst, offset..offset + src.len())?;
         self.transfers.upload(&self.stream, src, &mut view)
     }
 
@@ -240,7 +271,7 @@ impl GpuStream {
             return Ok(());
         }
         with_gpu_type!(b.dtype(), T => {
-            let mut view = b.view_mut::<T>(range)?;
+            let mut view = self.write::<T>(b, range)?;
             self.stream.memset_zeros(&mut view).map_err(driver("memset"))
         })
     }
@@ -257,8 +288,8 @@ impl GpuStream {
         let out = offset..offset + n;
         if src.dtype() == dst.dtype() {
             return with_gpu_type!(src.dtype(), T => {
-                let s = src.view::<T>(range)?;
-                let mut d = dst.view_mut::<T>(out)?;
+                let s = self.read::<T>(src, range)?;
+                let mut d = self.write::<T>(dst, out)?;
                 if n == 0 {
                     return Ok(());
                 }
@@ -269,8 +300,8 @@ impl GpuStream {
             });
         }
         with_gpu_type!(src.dtype(), S => with_gpu_type!(dst.dtype(), D => {
-            let s = src.view::<S>(range)?;
-            let mut d = dst.view_mut::<D>(out)?;
+            let s = self.read::<S>(src, range)?;
+            let mut d = self.write::<D>(dst, out)?;
             self.cast_view(&s, &mut d)
         }))
     }
@@ -308,9 +339,9 @@ impl GpuStream {
         if n == 0 {
             return Ok(());
         }
-        let mut a = acc.view_mut::<f32>(offset..offset + n)?;
+        let mut a = self.write::<f32>(acc, offset..offset + n)?;
         with_gpu_type!(src.dtype(), T => {
-            let s = src.view::<T>(range)?;
+            let s = self.read::<T>(src, range)?;
             let f = self.function("reduce.cu", &format!("accumulate_{}", T::SUFFIX))?;
             let n64 = n as u64;
             let mut launch = self.stream.launch_builder(&f);
@@ -329,7 +360,7 @@ impl GpuStream {
             return Ok(GradStats::EMPTY);
         }
         with_gpu_type!(b.dtype(), T => {
-            let x = b.view::<T>(range)?;
+            let x = self.read::<T>(b, range)?;
             self.stats_view(&x)
         })
     }
@@ -365,13 +396,8 @@ impl GpuStream {
         unsafe { second.launch(launch_config(1)) }.map_err(driver("launch stats_finish"))?;
         let (mut s, mut b) = ([0f64], [0i32]);
         // Pageable downloads, synchronized before the values are read.
-        #[allow(clippy::disallowed_methods)]
-        {
-            st.memcpy_dtoh(&sum, &mut s)
-                .map_err(driver("copy to host"))?;
-            st.memcpy_dtoh(&flag, &mut b)
-                .map_err(driver("copy to host"))?;
-        }
+        copy_dtoh(st, &sum, &mut s)?;
+        copy_dtoh(st, &flag, &mut b)?;
         self.synchronize()?;
         Ok(GradStats {
             sum_sq: s[0],
@@ -396,11 +422,11 @@ impl GpuStream {
         with_gpu_type!(dtype, T => {
             let views: Vec<CudaView<'_, T>> = srcs
                 .iter()
-                .map(|(b, off)| b.view::<T>(*off..*off + n))
+                .map(|(b, off)| self.read::<T>(b, *off..*off + n))
                 .collect::<Result<_, _>>()?;
             let mut outs: Vec<CudaViewMut<'_, T>> = dsts
                 .iter_mut()
-                .map(|(b, off)| b.view_mut::<T>(*off..*off + n))
+                .map(|(b, off)| self.write::<T>(b, *off..*off + n))
                 .collect::<Result<_, _>>()?;
             let (src_ptrs, src_guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
                 views.iter().map(|v| v.device_ptr(&self.stream)).unzip();
@@ -428,7 +454,7 @@ impl GpuStream {
         with_gpu_type!(dtype, T => {
             let mut views: Vec<CudaViewMut<'_, T>> = bufs
                 .iter_mut()
-                .map(|b| b.view_mut::<T>(0..n))
+                .map(|b| self.write::<T>(b, 0..n))
                 .collect::<Result<_, _>>()?;
             let (ptrs, guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
                 views.iter_mut().map(|v| v.device_ptr_mut(&self.stream)).unzip();

@@ -261,7 +261,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     },
                 ),
                 rank,
-                dev.pins_host_memory(),
             )?)
         } else {
             None

@@ -91,21 +91,48 @@ fn candidates(major: i32, roots: &[PathBuf]) -> Vec<String> {
     out
 }
 
+/// The oldest NVRTC major version zero supports (CUDA 12.2 drivers and newer).
+pub const OLDEST_MAJOR: i32 = 12;
+/// The first major version that dropped GPUs below sm_75.
+const MAJOR_WITHOUT_SM70: i32 = 13;
+
+/// The NVRTC major versions to try, in order, for a driver of CUDA version `driver` and a
+/// GPU of compute capability `cc`: the driver's major, then each older one down to
+/// [`OLDEST_MAJOR`], never a newer one (its cubins would not load). A cubin of an older
+/// major loads on a newer driver, so a CUDA 13 driver with only NVRTC 12 installed (the
+/// usual PyTorch cu12 setup) works. Majors that cannot compile for `cc` are left out
+/// (CUDA 13 compiles only for sm_75 and newer). With no driver (a machine that only
+/// compiles), the newest first.
+pub fn majors_to_try(driver: Option<(i32, i32)>, cc: Option<(i32, i32)>) -> Vec<i32> {
+    let newest = driver.map_or(MAJOR_WITHOUT_SM70, |(major, _)| major);
+    let mut majors: Vec<i32> = if newest < OLDEST_MAJOR {
+        vec![newest]
+    } else {
+        (OLDEST_MAJOR..=newest).rev().collect()
+    };
+    if let Some((a, b)) = cc {
+        if a * 10 + b < 75 {
+            majors.retain(|&m| m < MAJOR_WITHOUT_SM70);
+        }
+    }
+    majors
+}
+
 /// Opens the NVRTC for a driver of CUDA version `driver` (none: a machine that only
-/// compiles), looking under the package directories `roots`; `override_path` (the
-/// `ZERO_NVRTC_LIB` variable) is tried alone when given.
+/// compiles) and a GPU of compute capability `cc` (none: any), trying the majors of
+/// [`majors_to_try`] in order and, for each, the wheel folders under `roots`, then the
+/// loader's path; `override_path` (the `ZERO_NVRTC_LIB` variable) is tried alone when
+/// given.
 pub fn discover(
     override_path: Option<&str>,
     driver: Option<(i32, i32)>,
+    cc: Option<(i32, i32)>,
     roots: &[PathBuf],
 ) -> Result<Nvrtc, NvrtcError> {
     if let Some(path) = override_path {
         return Nvrtc::open(path);
     }
-    let majors: Vec<i32> = match driver {
-        Some((major, _)) => vec![major],
-        None => vec![13, 12],
-    };
+    let majors = majors_to_try(driver, cc);
     let mut tried = Vec::new();
     for &major in &majors {
         for c in candidates(major, roots) {
@@ -116,8 +143,8 @@ pub fn discover(
             }
         }
     }
-    let found: Vec<String> = [13, 12]
-        .into_iter()
+    let found: Vec<String> = (OLDEST_MAJOR..=MAJOR_WITHOUT_SM70)
+        .rev()
         .filter(|m| !majors.contains(m))
         .flat_map(|m| candidates(m, roots))
         .filter_map(|c| {
@@ -127,7 +154,11 @@ pub fn discover(
         })
         .collect();
     Err(NvrtcError::NoMatch {
-        driver: driver.map_or("no CUDA".to_string(), |(a, b)| format!("CUDA {a}.{b}")),
+        driver: match (driver, cc) {
+            (None, _) => "no CUDA".to_string(),
+            (Some((a, b)), None) => format!("CUDA {a}.{b}"),
+            (Some((a, b)), Some((x, y))) => format!("CUDA {a}.{b} (a sm_{x}{y} GPU)"),
+        },
         tried,
         found,
     })
@@ -170,8 +201,26 @@ mod tests {
     }
 
     #[test]
+    fn the_drivers_major_then_older_ones_and_never_a_newer_one() {
+        assert_eq!(majors_to_try(Some((13, 0)), None), [13, 12]);
+        assert_eq!(majors_to_try(Some((13, 0)), Some((9, 0))), [13, 12]);
+        assert_eq!(majors_to_try(Some((12, 4)), None), [12]);
+        assert_eq!(majors_to_try(Some((12, 4)), Some((8, 6))), [12]);
+        assert_eq!(majors_to_try(Some((14, 1)), None), [14, 13, 12]);
+        // No driver: a machine that only compiles takes the newest first.
+        assert_eq!(majors_to_try(None, None), [13, 12]);
+        // Below sm_75 CUDA 13 cannot compile: a 13.x driver with a V100 takes NVRTC 12.
+        assert_eq!(majors_to_try(Some((13, 0)), Some((7, 0))), [12]);
+        assert_eq!(majors_to_try(Some((13, 0)), Some((7, 5))), [13, 12]);
+        // Older than supported: only its own (the error then names it).
+        assert_eq!(majors_to_try(Some((11, 8)), None), [11]);
+    }
+
+    #[test]
     fn no_match_names_the_driver_and_what_was_tried() {
-        let err = discover(None, Some((11, 8)), &[]).unwrap_err().to_string();
+        let err = discover(None, Some((11, 8)), None, &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("CUDA 11.8") && err.contains("libnvrtc.so.11"),
             "{err}"

@@ -5,14 +5,16 @@
 //!
 //! Which library ([`Nvrtc::get`], see [`discover`]): `ZERO_NVRTC_LIB` if set; else the
 //! NVRTC of the driver's major version (`libnvrtc.so.13` for a 13.x driver,
-//! `libnvrtc.so.12` for 12.x), from the pip wheels' usual folders, then the loader's search
-//! path. A cubin from NVRTC 13 does not load on a 12.x driver, so the major must match.
-//! Without a driver (a machine that only compiles), the newest major found. When nothing
-//! fits, the error names the driver's version and every NVRTC found.
+//! `libnvrtc.so.12` for 12.x), then of each older major down to 12, from the pip wheels'
+//! usual folders, then the loader's search path. A cubin from NVRTC 13 does not load on a
+//! 12.x driver, so a newer major is never taken; an older one's cubins load on a newer
+//! driver. Below sm_75, NVRTC 13 is skipped ([`Nvrtc::for_device`]). Without a driver (a
+//! machine that only compiles), the newest major found. When nothing fits, the error
+//! names the driver's version and every NVRTC found.
 
 mod discover;
 
-pub use discover::{discover, wheel_roots, WHEEL_LIB_DIRS};
+pub use discover::{discover, majors_to_try, wheel_roots, OLDEST_MAJOR, WHEEL_LIB_DIRS};
 
 use crate::LoadError;
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -122,12 +124,24 @@ pub struct Cubin {
 impl Nvrtc {
     /// The process's NVRTC, chosen as the module docs say, opened once.
     pub fn get() -> Result<&'static Nvrtc, NvrtcError> {
+        Self::get_with(None)
+    }
+
+    /// The process's NVRTC, chosen (on the first call in the process) for a GPU of
+    /// compute capability `cc` as well as the driver: below sm_75, NVRTC 12 even on a
+    /// 13.x driver.
+    pub fn for_device(cc: (i32, i32)) -> Result<&'static Nvrtc, NvrtcError> {
+        Self::get_with(Some(cc))
+    }
+
+    fn get_with(cc: Option<(i32, i32)>) -> Result<&'static Nvrtc, NvrtcError> {
         let opened = PROCESS_NVRTC.get_or_init(|| {
             let driver = crate::driver::version().ok();
             let override_path = std::env::var("ZERO_NVRTC_LIB")
                 .ok()
                 .filter(|v| !v.is_empty());
-            discover(override_path.as_deref(), driver, &wheel_roots()).map_err(|e| e.to_string())
+            discover(override_path.as_deref(), driver, cc, &wheel_roots())
+                .map_err(|e| e.to_string())
         });
         opened.as_ref().map_err(|msg| {
             NvrtcError::NotFound(LoadError::NotFound {

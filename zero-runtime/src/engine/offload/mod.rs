@@ -185,8 +185,7 @@ impl Offload {
     /// Lays out the state of buckets whose owned partitions are `owned[b]` elements,
     /// allocating the host tier or creating the swap file (with its start-up checks).
     /// `dtypes` are the parameters' and the gradients' the optimizer reads (the fp32
-    /// accumulator with accumulation); `pinned` says whether the device pins the host
-    /// memory it copies through.
+    /// accumulator with accumulation).
     pub fn new(
         cfg: &OffloadOptimizerConfig,
         aio: AioConfig,
@@ -194,7 +193,6 @@ impl Offload {
         owned: &[usize],
         (dtype, grad_dtype): (DType, DType),
         rank: usize,
-        pinned: bool,
     ) -> Result<Self, EngineError> {
         let sub = (sub_group_size.min(usize::MAX as u64) as usize).max(1);
         let mut groups = Vec::new();
@@ -259,16 +257,9 @@ impl Offload {
                 }
                 let largest_block = groups.iter().map(|g| g.block).max().unwrap_or(ALIGN);
                 let count = (cfg.buffer_count as usize).max(3);
-                if pinned && cfg.pin_memory {
-                    let need = (count * largest_block) as u64;
-                    if let Ok(Some(limit)) = zero_sys::fs::memlock_limit() {
-                        if limit < need {
-                            return Err(EngineError::Device(format!(
-                                "the locked-memory limit is {limit} bytes, and the NVMe pipeline pins {count} buffers of {largest_block} bytes ({need}): raise it (ulimit -l) or lower sub_group_size"
-                            )));
-                        }
-                    }
-                }
+                // No locked-memory check: these buffers are ordinary heap memory, and the
+                // device's pinned staging comes from cuMemHostAlloc, which the driver pins
+                // without charging RLIMIT_MEMLOCK (docs/OFFLOAD.md, "Start-up checks").
                 pipeline = Pipeline {
                     count,
                     bytes: largest_block,

@@ -3,6 +3,7 @@
 
 pub mod driver;
 pub mod fs;
+pub mod ipc;
 mod loader;
 pub mod nccl;
 pub mod nvrtc;

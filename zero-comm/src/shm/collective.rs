@@ -1,0 +1,333 @@
+//! The collectives of the shared-memory group, run by every rank on its own data.
+//!
+//! Each rank copies what the others need into its own window, every rank arrives at a
+//! barrier, then each takes what it needs from the others' windows. A reduction is split
+//! by destination: rank r reduces piece r (`even_split`), reading every rank's part in
+//! rank order through the one reduction core ([`crate::reduce`]), so the bits equal
+//! `HostGroup`'s. Large buffers go in chunks of one window; windows are double-buffered
+//! by barrier parity, so a chunk's copies never wait for the one before to be read.
+//!
+//! | collective | per chunk |
+//! |---|---|
+//! | reduce-scatter | copy the others' pieces in · barrier · reduce my piece into my output |
+//! | all-reduce ≤ 32 KiB | copy in · barrier · every rank reduces the whole buffer |
+//! | all-reduce | as reduce-scatter, the result also into my other half · barrier · copy the others' pieces out |
+//! | all-gather | copy my piece in · barrier · copy the others' out |
+//! | broadcast | the root copies in · barrier · the others copy out |
+//! | barrier | barrier |
+//!
+//! The first barrier of every collective also compares what each rank issued (each
+//! writes its descriptor first), so a mismatch is found before anything depends on it.
+
+use super::segment::{Cause, Segment};
+use crate::buffer::HostElement;
+use crate::op::{even_split, OpDesc};
+use crate::reduce::{finish, fold, load, store, TILE};
+use crate::{CommError, ReduceOp};
+use std::cell::Cell;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// An all-reduce this small (in bytes) runs in one phase.
+const ONE_SHOT_BYTES: usize = 32 << 10;
+
+/// An element type the group moves: the reduction core's, and plain bytes.
+pub(crate) trait ShmElement: HostElement + bytemuck::Pod {}
+impl<T: HostElement + bytemuck::Pod> ShmElement for T {}
+
+/// One rank running one collective.
+pub(crate) struct Run<'a> {
+    pub seg: &'a Segment,
+    pub me: usize,
+    pub world: usize,
+    pub timeout: Duration,
+    pub spin: Duration,
+    /// Barriers this rank has passed (shared across collectives).
+    pub steps: &'a Cell<u64>,
+    pub seq: u64,
+    pub desc: &'a OpDesc,
+    /// Turns a recorded abort into this rank's error.
+    pub abort_error: &'a dyn Fn(&Segment) -> Option<CommError>,
+}
+
+impl Run<'_> {
+    /// Arrives at the next barrier and waits for every rank; returns its number.
+    fn barrier(&self) -> Result<u64, CommError> {
+        let b = self.steps.get() + 1;
+        self.seg.arrive(self.me).store(b, Ordering::Release);
+        self.seg.bell().ring();
+        let deadline = Instant::now() + self.timeout;
+        let seg = self.seg;
+        let got = seg.bell().wait(self.spin, deadline, || {
+            if let Some(e) = (self.abort_error)(seg) {
+                return Some(Err(e));
+            }
+            let mut all = true;
+            for r in 0..self.world {
+                if seg.arrive(r).load(Ordering::Acquire) < b {
+                    all = false;
+                    let left = seg.left(r).load(Ordering::Acquire);
+                    if left != 0 {
+                        return Some(Err(CommError::RankLeft {
+                            rank: r,
+                            panicked: left == 2,
+                        }));
+                    }
+                }
+            }
+            all.then_some(Ok(()))
+        });
+        match got {
+            Some(Ok(())) => {
+                self.steps.set(b);
+                Ok(b)
+            }
+            Some(Err(e)) => Err(e),
+            None => {
+                let missing: Vec<usize> = (0..self.world)
+                    .filter(|&r| seg.arrive(r).load(Ordering::Acquire) < b)
+                    .collect();
+                let list = missing
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                seg.abort(
+                    Cause::Timeout,
+                    self.me,
+                    self.seq,
+                    &format!("{}\0{list}", self.desc),
+                );
+                Err(CommError::Timeout {
+                    seq: self.seq,
+                    op: self.desc.to_string(),
+                    after: self.timeout,
+                    waiter: self.me,
+                    missing,
+                })
+            }
+        }
+    }
+
+    /// The collective's first barrier: publishes this rank's descriptor, then checks that
+    /// every rank issued the same collective.
+    fn first_barrier(&self) -> Result<u64, CommError> {
+        self.seg
+            .put_desc(self.me, self.steps.get() + 1, self.seq, self.desc);
+        let b = self.barrier()?;
+        let all: Vec<(u64, Option<OpDesc>)> = (0..self.world).map(|r| self.seg.desc(r, b)).collect();
+        if all
+            .iter()
+            .any(|(seq, d)| *seq != self.seq || d.as_ref() != Some(self.desc))
+        {
+            let detail = all
+                .iter()
+                .enumerate()
+                .map(|(r, (seq, d))| match d {
+                    Some(d) if *seq == self.seq => format!("rank {r} issued {d}"),
+                    Some(d) => format!("rank {r} issued {d} as its collective #{seq}"),
+                    None => format!("rank {r} issued an unknown collective"),
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(CommError::Mismatch {
+                seq: self.seq,
+                detail,
+            });
+        }
+        Ok(b)
+    }
+
+    /// Elements of `T` in one window.
+    fn window_elems<T>(&self) -> usize {
+        self.seg.window() / std::mem::size_of::<T>()
+    }
+
+    /// Copies `src` into this rank's window for barrier `b`, at element `at`.
+    fn put<T: ShmElement>(&self, b: u64, at: usize, src: &[T]) {
+        let off = self.seg.window_at(self.me, (b % 2) as usize) + at * std::mem::size_of::<T>();
+        self.seg.map().write(off, bytemuck::cast_slice(src));
+    }
+
+    /// Copies rank `r`'s window for barrier `b`, from element `at`, into `dst`.
+    fn get<T: ShmElement>(&self, r: usize, b: u64, at: usize, dst: &mut [T]) {
+        let off = self.seg.window_at(r, (b % 2) as usize) + at * std::mem::size_of::<T>();
+        self.seg.map().read(off, bytemuck::cast_slice_mut(dst));
+    }
+
+    /// `out[i] = op` over ranks in order of their element `i`: this rank's from `mine`
+    /// (`None`: from `out` itself), every other rank's from its window for barrier `b` at
+    /// element `at`. With `publish = Some((b', at'))` the result is also copied into this
+    /// rank's window for barrier `b'` at element `at'`.
+    fn reduce<T: ShmElement>(
+        &self,
+        b: u64,
+        at: usize,
+        op: ReduceOp,
+        mine: Option<&[T]>,
+        out: &mut [T],
+        publish: Option<(u64, usize)>,
+    ) {
+        let mut acc = [0f32; TILE];
+        let mut tmp = [T::from_f32(0.0); TILE];
+        for start in (0..out.len()).step_by(TILE) {
+            let len = TILE.min(out.len() - start);
+            let acc = &mut acc[..len];
+            for r in 0..self.world {
+                let src: &[T] = if r == self.me {
+                    match mine {
+                        Some(m) => &m[start..start + len],
+                        None => &out[start..start + len],
+                    }
+                } else {
+                    self.get(r, b, at + start, &mut tmp[..len]);
+                    &tmp[..len]
+                };
+                if r == 0 {
+                    load(acc, src);
+                } else {
+                    fold(acc, src, op);
+                }
+            }
+            finish(acc, op, self.world);
+            store(&mut out[start..start + len], acc);
+            if let Some((b2, at2)) = publish {
+                self.put(b2, at2 + start, &out[start..start + len]);
+            }
+        }
+    }
+
+    /// The chunking of a reduction of `n` elements: each rank's piece, the elements of
+    /// each piece per chunk, and the number of chunks (at least one, for the checks).
+    fn pieces<T>(&self, n: usize) -> (Vec<Range<usize>>, usize, usize) {
+        let pieces: Vec<Range<usize>> = (0..self.world).map(|r| even_split(n, self.world, r)).collect();
+        let w = (self.window_elems::<T>() / self.world).max(1);
+        let chunks = pieces[0].len().div_ceil(w).max(1);
+        (pieces, w, chunks)
+    }
+
+    /// Rank `r`'s part of chunk `k`: its piece's elements `[k·w, (k+1)·w)`.
+    fn part(pieces: &[Range<usize>], r: usize, k: usize, w: usize) -> Range<usize> {
+        let p = &pieces[r];
+        let s = (p.start + k * w).min(p.end);
+        s..(s + w).min(p.end)
+    }
+
+    /// Reduce-scatter of `input` (length `n`) into `output` (this rank's piece).
+    pub fn reduce_scatter<T: ShmElement>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let (pieces, w, chunks) = self.pieces::<T>(input.len());
+        let mine = pieces[self.me].clone();
+        for k in 0..chunks {
+            let next = self.steps.get() + 1;
+            for r in (0..self.world).filter(|&r| r != self.me) {
+                self.put(next, r * w, &input[Self::part(&pieces, r, k, w)]);
+            }
+            let b = if k == 0 {
+                self.first_barrier()?
+            } else {
+                self.barrier()?
+            };
+            let part = Self::part(&pieces, self.me, k, w);
+            let out = &mut output[part.start - mine.start..part.end - mine.start];
+            self.reduce(b, self.me * w, op, Some(&input[part]), out, None);
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `buf` in place.
+    pub fn all_reduce<T: ShmElement>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), CommError> {
+        let n = buf.len();
+        if n * std::mem::size_of::<T>() <= ONE_SHOT_BYTES.min(self.seg.window()) {
+            let next = self.steps.get() + 1;
+            self.put(next, 0, buf);
+            let b = self.first_barrier()?;
+            self.reduce(b, 0, op, None, buf, None);
+            return Ok(());
+        }
+        let (pieces, w, chunks) = self.pieces::<T>(n);
+        for k in 0..chunks {
+            let next = self.steps.get() + 1;
+            for r in (0..self.world).filter(|&r| r != self.me) {
+                self.put(next, r * w, &buf[Self::part(&pieces, r, k, w)]);
+            }
+            let b = if k == 0 {
+                self.first_barrier()?
+            } else {
+                self.barrier()?
+            };
+            let part = Self::part(&pieces, self.me, k, w);
+            self.reduce(
+                b,
+                self.me * w,
+                op,
+                None,
+                &mut buf[part],
+                Some((b + 1, self.me * w)),
+            );
+            let b2 = self.barrier()?;
+            for r in (0..self.world).filter(|&r| r != self.me) {
+                self.get(r, b2, r * w, &mut buf[Self::part(&pieces, r, k, w)]);
+            }
+        }
+        Ok(())
+    }
+
+    /// All-gather of every rank's `input` (its piece) into `output` (length `n`).
+    pub fn all_gather<T: ShmElement>(&self, input: &[T], output: &mut [T]) -> Result<(), CommError> {
+        let pieces: Vec<Range<usize>> = (0..self.world)
+            .map(|r| even_split(output.len(), self.world, r))
+            .collect();
+        let w = self.window_elems::<T>().max(1);
+        let chunks = pieces[0].len().div_ceil(w).max(1);
+        let mine = pieces[self.me].clone();
+        for k in 0..chunks {
+            let next = self.steps.get() + 1;
+            let part = Self::part(&pieces, self.me, k, w);
+            let src = &input[part.start - mine.start..part.end - mine.start];
+            self.put(next, 0, src);
+            output[part].copy_from_slice(src);
+            let b = if k == 0 {
+                self.first_barrier()?
+            } else {
+                self.barrier()?
+            };
+            for r in (0..self.world).filter(|&r| r != self.me) {
+                self.get(r, b, 0, &mut output[Self::part(&pieces, r, k, w)]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Broadcast of `root`'s `buf`.
+    pub fn broadcast<T: ShmElement>(&self, buf: &mut [T], root: usize) -> Result<(), CommError> {
+        let w = self.window_elems::<T>().max(1);
+        let chunks = buf.len().div_ceil(w).max(1);
+        for k in 0..chunks {
+            let range = (k * w).min(buf.len())..((k + 1) * w).min(buf.len());
+            let next = self.steps.get() + 1;
+            if self.me == root {
+                self.put(next, 0, &buf[range.clone()]);
+            }
+            let b = if k == 0 {
+                self.first_barrier()?
+            } else {
+                self.barrier()?
+            };
+            if self.me != root {
+                self.get(root, b, 0, &mut buf[range]);
+            }
+        }
+        Ok(())
+    }
+
+    /// A barrier.
+    pub fn barrier_op(&self) -> Result<(), CommError> {
+        self.first_barrier().map(|_| ())
+    }
+}

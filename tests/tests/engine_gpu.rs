@@ -12,7 +12,7 @@
 //! Without a GPU (or, for the NCCL test, without libnccl) each test prints a visible skip.
 
 use std::time::Duration;
-use zero_comm::nccl::{LaunchEnv, Launcher, NcclComm};
+use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_kernels::testing::gpu_or_skip;
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
@@ -136,14 +136,7 @@ fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port");
-    let env = LaunchEnv {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        master_addr: "127.0.0.1".into(),
-        port,
-        launcher: Launcher::RankVariables,
-    };
+    let env = LaunchEnv::local(0, 1, port);
     for stage in 0..=3 {
         for precision in ["fp32", "bf16"] {
             let cfg = config(stage, precision, 1, 0.0);

@@ -28,8 +28,9 @@ pub trait Completion {
 pub trait Communicator: Send {
     /// The buffer type this backend moves.
     type Buffer: Send + 'static;
-    /// The handle of an issued collective.
-    type Pending<T: Send + 'static>: Completion<Output = T>;
+    /// The handle of an issued collective (it may move to another thread, with the engine
+    /// that holds it).
+    type Pending<T: Send + 'static>: Completion<Output = T> + Send;
 
     /// This rank, in `0..world_size()`.
     fn rank(&self) -> usize;

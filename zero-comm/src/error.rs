@@ -32,6 +32,14 @@ pub enum CommError {
         /// Whether it left by panicking.
         panicked: bool,
     },
+    /// A rank's process ended without leaving the group (killed, or crashed).
+    #[error("rank {rank} (pid {pid}) died; no collective can complete any more")]
+    RankDied {
+        /// The rank whose process ended.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+    },
     /// A rank waited longer than the group's timeout.
     #[error("collective #{seq} ({op}) timed out after {after:?} on rank {waiter}; ranks that never issued it: {missing:?}")]
     Timeout {
@@ -56,7 +64,7 @@ pub enum CommError {
         /// The backend's message.
         reason: String,
     },
-    /// The group's progress thread is gone (a bug, reported rather than hung on).
-    #[error("the communicator's progress thread is gone")]
+    /// The communicator's internal state is gone (a bug, reported rather than hung on).
+    #[error("the communicator's internal state is gone")]
     Disconnected,
 }

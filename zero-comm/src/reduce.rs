@@ -1,56 +1,88 @@
-//! The one reduction core of every host collective, in-process or across processes: an
-//! `f32` accumulator tile loaded from the first rank's values, folded with each next
-//! rank's in rank order, finished (`Avg` divides by the world size) and rounded once to the
-//! element type. Every rank — and every backend — therefore gets the same bits for the
-//! same inputs, whatever thread or process computes a piece.
+//! The one reduction core of every host collective, in-process or across processes: for
+//! each element, the first rank's value widened to `f32`, then each next rank's added (or
+//! maxed) in rank order, `Avg` divided by the world size, and the result rounded once to
+//! the element type. Every rank — and every backend — therefore gets the same bits for
+//! the same inputs, whatever thread or process computes a piece.
+//!
+//! [`reduce_into`] does it in one pass: a block of [`LANES`] elements is accumulated in
+//! registers over every input before it is rounded and stored, so no accumulator makes a
+//! round trip through memory per input.
 
 use crate::buffer::HostElement;
 use crate::ReduceOp;
 
-/// Elements reduced at a time: an `f32` accumulator this long stays in L1.
+/// Elements per block of the tiles the callers hand over (what they stage at a time).
 pub(crate) const TILE: usize = 2048;
+/// Elements accumulated together in registers.
+const LANES: usize = 16;
 
-// The per-element loops are compiled for several target sets and picked at run time. No
-// FMA, so every version gives the same bits.
+// Compiled for several target sets and picked at run time. No FMA, so every version gives
+// the same bits.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
     "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
 ))]
-pub(crate) fn load<T: HostElement>(acc: &mut [f32], x: &[T]) {
-    for (a, x) in acc.iter_mut().zip(x) {
-        *a = x.to_f32();
+fn reduce_blocks<T: HostElement>(out: &mut [T], inputs: &[&[T]], op: ReduceOp, world: usize) {
+    let n = out.len();
+    let whole = n - n % LANES;
+    let nf = world as f32;
+    for (b, o) in out[..whole].chunks_exact_mut(LANES).enumerate() {
+        let at = b * LANES;
+        let mut acc = [0f32; LANES];
+        let first = &inputs[0][at..at + LANES];
+        for l in 0..LANES {
+            acc[l] = first[l].to_f32();
+        }
+        for x in &inputs[1..] {
+            let x = &x[at..at + LANES];
+            if op == ReduceOp::Max {
+                for l in 0..LANES {
+                    acc[l] = nan_max(acc[l], x[l].to_f32());
+                }
+            } else {
+                for l in 0..LANES {
+                    acc[l] += x[l].to_f32();
+                }
+            }
+        }
+        if op == ReduceOp::Avg {
+            for a in &mut acc {
+                *a /= nf;
+            }
+        }
+        for l in 0..LANES {
+            o[l] = T::from_f32(acc[l]);
+        }
+    }
+    for i in whole..n {
+        let mut a = inputs[0][i].to_f32();
+        for x in &inputs[1..] {
+            a = if op == ReduceOp::Max {
+                nan_max(a, x[i].to_f32())
+            } else {
+                a + x[i].to_f32()
+            };
+        }
+        if op == ReduceOp::Avg {
+            a /= nf;
+        }
+        out[i] = T::from_f32(a);
     }
 }
 
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-))]
-pub(crate) fn fold<T: HostElement>(acc: &mut [f32], x: &[T], op: ReduceOp) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(x).for_each(|(a, x)| *a += x.to_f32()),
-        ReduceOp::Max => acc
-            .iter_mut()
-            .zip(x)
-            .for_each(|(a, x)| *a = nan_max(*a, x.to_f32())),
+/// `out[i] = op(inputs[0][i], inputs[1][i], …)` in that order, in `f32`, rounded once; for
+/// `Avg` the sum is divided by `world`. Every input holds at least `out.len()` elements.
+pub(crate) fn reduce_into<T: HostElement>(
+    out: &mut [T],
+    inputs: &[&[T]],
+    op: ReduceOp,
+    world: usize,
+) {
+    debug_assert!(!inputs.is_empty() && inputs.iter().all(|x| x.len() >= out.len()));
+    if inputs.is_empty() {
+        return;
     }
-}
-
-pub(crate) fn finish(acc: &mut [f32], op: ReduceOp, world: usize) {
-    if op == ReduceOp::Avg {
-        let n = world as f32;
-        acc.iter_mut().for_each(|a| *a /= n);
-    }
-}
-
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-))]
-pub(crate) fn store<T: HostElement>(out: &mut [T], acc: &[f32]) {
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = T::from_f32(*a);
-    }
+    reduce_blocks(out, inputs, op, world);
 }
 
 /// Maximum in which NaN wins, so a non-finite flag is never reduced away.

@@ -50,6 +50,19 @@ impl CommStats {
         self.per_op.iter().map(|s| s.bytes).sum()
     }
 
+    /// Counts the collective `desc` issued by `rank` of `world` (every backend's one call).
+    pub(crate) fn count(&mut self, desc: &crate::op::OpDesc, rank: usize, world: usize) {
+        let size = desc.dtype.map_or(0, |d| d.size_of());
+        self.record(
+            desc.kind,
+            desc.count,
+            size,
+            rank,
+            world,
+            desc.root.unwrap_or(0),
+        );
+    }
+
     /// Counts one collective of `count` elements of `elem_size` bytes.
     pub(crate) fn record(
         &mut self,

@@ -126,7 +126,9 @@ mod tests {
                 sleepers: &s,
             };
             let far = Instant::now() + Duration::from_secs(30);
-            bell.wait(Duration::ZERO, far, || f.load(Ordering::SeqCst).then_some(()))
+            bell.wait(Duration::ZERO, far, || {
+                f.load(Ordering::SeqCst).then_some(())
+            })
         });
         std::thread::sleep(Duration::from_millis(20));
         flag.store(true, Ordering::SeqCst);

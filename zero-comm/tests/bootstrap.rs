@@ -4,6 +4,9 @@
 //! launcher's environment — and a missing or mismatched rank makes every rank fail with a
 //! message naming it, before the deadline (none hangs).
 
+mod common;
+
+use common::free_port;
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,14 +69,6 @@ fn the_launcher_environment_is_read_and_checked() {
     assert!(bad("RANK", "one").contains("RANK=one"));
     assert!(bad("WORLD_SIZE", "0").contains("at least one rank"));
     assert!(bad("MASTER_PORT", "70000").contains("not a TCP port"));
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -183,14 +178,7 @@ fn explicit_variables_win_and_disagreeing_launchers_are_an_error() {
 }
 
 fn env(rank: usize, world: usize, port: u16) -> LaunchEnv {
-    LaunchEnv {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        master_addr: "127.0.0.1".into(),
-        port,
-        launcher: Launcher::RankVariables,
-    }
+    LaunchEnv::local(rank, world, port)
 }
 
 /// Runs ranks `envs` concurrently; returns each result and how long it took.

@@ -6,15 +6,16 @@
 //! job. Each rank is this test binary again (`shm_rank`), launched with the variables
 //! torchrun sets; every wait is bounded and every child is killed on overrun.
 
+mod common;
+
+use common::free_port;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use zero_comm::{
-    even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup,
-};
+use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup};
 use zero_kernels::{DType, Element};
 
 /// One collective of the equivalence sweep.
@@ -93,7 +94,13 @@ fn sweep<C: Communicator<Buffer = HostBuffer>>(comm: &C, seed: u64) -> Vec<Vec<u
             Kind::AllReduce(op) => bits(&comm.all_reduce(x, op).and_then(|w| w.wait()).unwrap()),
             Kind::ReduceScatter(op) => {
                 let o = HostBuffer::zeros(dtype, piece.len());
-                bits(&comm.reduce_scatter(x, o, op).and_then(|w| w.wait()).unwrap().1)
+                bits(
+                    &comm
+                        .reduce_scatter(x, o, op)
+                        .and_then(|w| w.wait())
+                        .unwrap()
+                        .1,
+                )
             }
             Kind::AllGather => {
                 let mine = match &x {
@@ -126,41 +133,24 @@ fn encode(results: &[Vec<u32>]) -> Vec<u8> {
     b
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The variables torchrun sets for rank `rank` of a one-machine job.
-fn launch_vars(rank: usize, world: usize, port: u16) -> Vec<(String, String)> {
-    [
-        ("RANK", rank.to_string()),
-        ("WORLD_SIZE", world.to_string()),
-        ("LOCAL_RANK", rank.to_string()),
-        ("LOCAL_WORLD_SIZE", world.to_string()),
-        ("MASTER_ADDR", "127.0.0.1".to_string()),
-        ("MASTER_PORT", port.to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
-
 /// Starts rank `rank` of `world` running `case`; `extra` adds or overrides variables.
 fn spawn(case: &str, rank: usize, world: usize, port: u16, extra: &[(&str, String)]) -> Child {
     let mut c = Command::new(std::env::current_exe().expect("test binary"));
-    c.args(["--ignored", "--exact", "shm_rank", "--nocapture", "--test-threads=1"])
-        .env("ZERO_SHM_CASE", case)
-        .env("ZERO_SHM_WINDOW", "1024")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args([
+        "--ignored",
+        "--exact",
+        "shm_rank",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("ZERO_SHM_CASE", case)
+    .env("ZERO_SHM_WINDOW", "1024")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     for k in zero_comm::launch::LAUNCH_VARIABLES {
         c.env_remove(k);
     }
-    for (k, v) in launch_vars(rank, world, port) {
+    for (k, v) in zero_comm::launch::LaunchEnv::local(rank, world, port).vars() {
         c.env(k, v);
     }
     for (k, v) in extra {
@@ -234,7 +224,11 @@ fn shm_rank() {
             let seed: u64 = std::env::var("ZERO_SHM_SEED").unwrap().parse().unwrap();
             let out = std::env::var("ZERO_SHM_OUT").unwrap();
             let results = sweep(&comm, seed);
-            std::fs::write(Path::new(&out).join(format!("rank{rank}")), encode(&results)).unwrap();
+            std::fs::write(
+                Path::new(&out).join(format!("rank{rank}")),
+                encode(&results),
+            )
+            .unwrap();
             println!("RESULT ok");
         }
         "stall" if rank == 1 => std::thread::sleep(Duration::from_secs(600)),
@@ -262,8 +256,14 @@ fn shm_rank() {
             }
         }
         "invalid" => {
-            let (i, o) = (HostBuffer::zeros(DType::F32, 10), HostBuffer::zeros(DType::F32, if rank == 1 { 9 } else { 5 }));
-            match comm.reduce_scatter(i, o, ReduceOp::Sum).and_then(|w| w.wait()) {
+            let (i, o) = (
+                HostBuffer::zeros(DType::F32, 10),
+                HostBuffer::zeros(DType::F32, if rank == 1 { 9 } else { 5 }),
+            );
+            match comm
+                .reduce_scatter(i, o, ReduceOp::Sum)
+                .and_then(|w| w.wait())
+            {
                 Ok(_) => println!("RESULT ok"),
                 Err(e) => println!("RESULT ERROR {e} AFTER {:?}", t0.elapsed()),
             }
@@ -274,9 +274,15 @@ fn shm_rank() {
                 std::thread::sleep(Duration::from_secs(600));
                 return;
             }
-            report(comm.all_reduce(HostBuffer::zeros(DType::F32, 4), ReduceOp::Sum).and_then(|w| w.wait()));
+            report(
+                comm.all_reduce(HostBuffer::zeros(DType::F32, 4), ReduceOp::Sum)
+                    .and_then(|w| w.wait()),
+            );
         }
-        _ => report(comm.all_reduce(HostBuffer::zeros(DType::F32, 4), ReduceOp::Sum).and_then(|w| w.wait())),
+        _ => report(
+            comm.all_reduce(HostBuffer::zeros(DType::F32, 4), ReduceOp::Sum)
+                .and_then(|w| w.wait()),
+        ),
     }
 }
 
@@ -307,20 +313,33 @@ fn every_collective_gives_host_groups_bits_at_one_to_four_processes() {
             .collect();
         let outs = finish(children, Instant::now() + Duration::from_secs(120));
         for (r, (text, ok)) in outs.iter().enumerate() {
-            assert!(ok && line(text, "RESULT").is_some(), "world {world} rank {r}:\n{text}");
+            assert!(
+                *ok && line(text, "RESULT").is_some(),
+                "world {world} rank {r}:\n{text}"
+            );
         }
         let want = host_reference(world, seed);
         for (r, want) in want.iter().enumerate() {
             let got = std::fs::read(dir.path().join(format!("rank{r}"))).unwrap();
-            assert!(got == encode(want), "world {world} rank {r}: bits differ from HostGroup's");
+            assert!(
+                got == encode(want),
+                "world {world} rank {r}: bits differ from HostGroup's"
+            );
         }
-        println!("world {world}: {} collectives, bits equal HostGroup's", cases(world).len());
+        println!(
+            "world {world}: {} collectives, bits equal HostGroup's",
+            cases(world).len()
+        );
     }
 }
 
 fn shm_entries() -> Vec<String> {
     std::fs::read_dir("/dev/shm")
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -329,7 +348,9 @@ fn a_rank_killed_mid_collective_fails_every_other_rank_naming_it() {
     let before = shm_entries();
     let world = 3;
     let port = free_port();
-    let mut children: Vec<Child> = (0..world).map(|r| spawn("kill", r, world, port, &[])).collect();
+    let mut children: Vec<Child> = (0..world)
+        .map(|r| spawn("kill", r, world, port, &[]))
+        .collect();
     // Wait until rank 1 is in the group (the others are then inside their all-reduce,
     // waiting for it), then kill it.
     let mut rank1 = BufReader::new(children[1].stdout.take().unwrap());
@@ -345,9 +366,16 @@ fn a_rank_killed_mid_collective_fails_every_other_rank_naming_it() {
         let (text, _) = &outs[r];
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
         println!("rank {r}: {msg}");
-        assert!(msg.contains("rank 1") && msg.contains("died"), "rank {r}: {msg}");
+        assert!(
+            msg.contains("rank 1") && msg.contains("died"),
+            "rank {r}: {msg}"
+        );
     }
-    assert!(killed.elapsed() < Duration::from_secs(20), "took {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        killed.elapsed()
+    );
     let after = shm_entries();
     let new: Vec<&String> = after.iter().filter(|e| !before.contains(e)).collect();
     assert!(new.is_empty(), "left in /dev/shm: {new:?}");
@@ -358,8 +386,12 @@ fn a_rank_that_stops_fails_the_others_at_the_timeout_naming_it() {
     let world = 2;
     let port = free_port();
     let extra = [("ZERO_SHM_TIMEOUT", "2".to_string())];
-    let children: Vec<Child> = (0..world).map(|r| spawn("stall", r, world, port, &extra)).collect();
+    let mut children: Vec<Child> = (0..world)
+        .map(|r| spawn("stall", r, world, port, &extra))
+        .collect();
+    let stopped = children.remove(1);
     let outs = finish(children, Instant::now() + Duration::from_secs(30));
+    let _ = finish(vec![stopped], Instant::now());
     let msg = line(&outs[0].0, "RESULT ERROR").unwrap_or_else(|| panic!("{}", outs[0].0));
     println!("rank 0: {msg}");
     assert!(msg.contains("timed out") && msg.contains("[1]"), "{msg}");
@@ -376,10 +408,19 @@ fn mismatched_collectives_fail_every_rank_naming_what_each_issued() {
         let world = 2;
         let port = free_port();
         let extra = [("ZERO_SHM_MISMATCH", which.to_string())];
-        let children: Vec<Child> = (0..world).map(|r| spawn("mismatch", r, world, port, &extra)).collect();
-        for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60)).iter().enumerate() {
-            let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("{which} rank {r}:\n{text}"));
-            assert!(msg.contains("does not match") && msg.contains(want), "{which} rank {r}: {msg}");
+        let children: Vec<Child> = (0..world)
+            .map(|r| spawn("mismatch", r, world, port, &extra))
+            .collect();
+        for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+            .iter()
+            .enumerate()
+        {
+            let msg =
+                line(text, "RESULT ERROR").unwrap_or_else(|| panic!("{which} rank {r}:\n{text}"));
+            assert!(
+                msg.contains("does not match") && msg.contains(want),
+                "{which} rank {r}: {msg}"
+            );
         }
     }
 }
@@ -388,11 +429,16 @@ fn mismatched_collectives_fail_every_rank_naming_what_each_issued() {
 fn a_bad_argument_on_one_rank_fails_the_others_at_once() {
     let world = 2;
     let port = free_port();
-    let children: Vec<Child> = (0..world).map(|r| spawn("invalid", r, world, port, &[])).collect();
+    let children: Vec<Child> = (0..world)
+        .map(|r| spawn("invalid", r, world, port, &[]))
+        .collect();
     let outs = finish(children, Instant::now() + Duration::from_secs(60));
     for (r, (text, _)) in outs.iter().enumerate() {
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
-        assert!(msg.contains("rank 1: invalid reduce_scatter") && msg.contains("9 elements"), "rank {r}: {msg}");
+        assert!(
+            msg.contains("rank 1: invalid reduce_scatter") && msg.contains("9 elements"),
+            "rank {r}: {msg}"
+        );
     }
 }
 
@@ -400,7 +446,9 @@ fn a_bad_argument_on_one_rank_fails_the_others_at_once() {
 fn a_rank_that_leaves_fails_the_others_naming_it() {
     let world = 2;
     let port = free_port();
-    let mut children: Vec<Child> = (0..world).map(|r| spawn("leave", r, world, port, &[])).collect();
+    let mut children: Vec<Child> = (0..world)
+        .map(|r| spawn("leave", r, world, port, &[]))
+        .collect();
     let rank1 = children.remove(1);
     let outs = finish(children, Instant::now() + Duration::from_secs(60));
     let _ = finish(vec![rank1], Instant::now());
@@ -413,19 +461,37 @@ fn start_up_refuses_another_world_size_or_another_job_naming_both() {
     let port = free_port();
     let children = vec![
         spawn("plain", 0, 2, port, &[]),
-        spawn("plain", 1, 2, port, &[("WORLD_SIZE", "3".into()), ("LOCAL_WORLD_SIZE", "3".into())]),
+        spawn(
+            "plain",
+            1,
+            2,
+            port,
+            &[("WORLD_SIZE", "3".into()), ("LOCAL_WORLD_SIZE", "3".into())],
+        ),
     ];
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60)).iter().enumerate() {
+    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+        .iter()
+        .enumerate()
+    {
         let msg = line(text, "START ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
-        assert!(msg.contains("WORLD_SIZE=3") && msg.contains("with 2"), "rank {r}: {msg}");
+        assert!(
+            msg.contains("WORLD_SIZE=3") && msg.contains("with 2"),
+            "rank {r}: {msg}"
+        );
     }
     let port = free_port();
     let children = vec![
         spawn("plain", 0, 2, port, &[("ZERO_JOB_ID", "alpha".into())]),
         spawn("plain", 1, 2, port, &[("ZERO_JOB_ID", "beta".into())]),
     ];
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60)).iter().enumerate() {
+    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+        .iter()
+        .enumerate()
+    {
         let msg = line(text, "START ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
-        assert!(msg.contains("ZERO_JOB_ID=alpha") && msg.contains("ZERO_JOB_ID=beta"), "rank {r}: {msg}");
+        assert!(
+            msg.contains("ZERO_JOB_ID=alpha") && msg.contains("ZERO_JOB_ID=beta"),
+            "rank {r}: {msg}"
+        );
     }
 }

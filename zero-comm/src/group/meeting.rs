@@ -191,14 +191,17 @@ impl<B: Send, E: Executor<B>> Meeting<B> for Shared<B, E> {
     }
 
     fn time_out(&self, seq: u64, waiter: usize, after: Duration, op: &str) {
-        let missing = lock(&self.state).pending.get(&seq).map_or(Vec::new(), |posts| {
-            posts
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.is_none())
-                .map(|(r, _)| r)
-                .collect()
-        });
+        let missing = lock(&self.state)
+            .pending
+            .get(&seq)
+            .map_or(Vec::new(), |posts| {
+                posts
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.is_none())
+                    .map(|(r, _)| r)
+                    .collect()
+            });
         self.fail(CommError::Timeout {
             seq,
             op: op.to_string(),

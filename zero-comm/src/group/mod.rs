@@ -1,21 +1,29 @@
 //! `n` ranks as threads of one process, over any buffer type.
 //!
-//! Each rank holds a [`GroupComm`]. Issuing a collective moves the rank's buffers to the
-//! group's progress thread and returns a [`GroupWork`] at once. When every rank has issued
-//! the collective at the same position, the progress thread checks they match, hands
-//! every rank's buffers to the group's [`Executor`] (host loops, or kernels on a GPU
-//! stream) and gives each rank its buffers back. Matching, timeouts and failures are the
-//! same for every executor.
+//! Each rank holds a [`GroupComm`]. Issuing a collective posts the rank's buffers at the
+//! collective's position in the group's shared state and returns a [`GroupWork`]. The rank
+//! whose post completes a position — the last to arrive — checks that every rank issued
+//! the same collective, runs it with the group's [`Executor`] (host loops, or kernels on a
+//! GPU stream) and hands every rank its buffers back; the others find them when they wait
+//! (spinning briefly, then asleep on a futex: [`crate::wait`]). No thread of the group's
+//! own sits between the ranks, so a collective costs one hand-off. Positions complete in
+//! issue order: the last rank to post position k+1 had already returned from posting k,
+//! and if it completed k it ran it before returning.
+//!
+//! Matching, timeouts and failures are the same for every executor: a mismatch, a bad
+//! argument, a backend error, a rank that leaves (drops its communicator or panics) or a
+//! wait that outlasts the timeout fails every pending and later collective with an error
+//! naming the collective and the ranks.
 
-mod progress;
+mod meeting;
 
 use crate::buffer::CommBuffer;
 use crate::op::OpDesc;
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use progress::{Msg, Post};
+use meeting::{Meeting, Slot};
 use std::cell::Cell;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How long a rank waits for the others before the group is aborted, unless set with
 /// [`HostGroup::with_timeout`](crate::HostGroup::with_timeout).
@@ -42,21 +50,13 @@ pub(crate) fn spawn<B: CommBuffer, E: Executor<B>>(
             reason: "a group needs at least one rank".into(),
         });
     }
-    let (tx, rx) = unbounded();
-    std::thread::Builder::new()
-        .name("zero-group-comm".into())
-        .spawn(move || progress::run(n, rx, exec))
-        .map_err(|e| CommError::InvalidArgument {
-            rank: 0,
-            op: "new group".into(),
-            reason: format!("could not start the progress thread: {e}"),
-        })?;
+    let meeting: Arc<dyn Meeting<B>> = Arc::new(meeting::Shared::new(n, exec));
     Ok((0..n)
         .map(|rank| GroupComm {
             rank,
             world: n,
             timeout,
-            tx: tx.clone(),
+            meeting: meeting.clone(),
             seq: Cell::new(0),
             stats: Cell::new(CommStats::default()),
         })
@@ -69,7 +69,7 @@ pub struct GroupComm<B> {
     rank: usize,
     world: usize,
     timeout: Duration,
-    tx: Sender<Msg<B>>,
+    meeting: Arc<dyn Meeting<B>>,
     seq: Cell<u64>,
     stats: Cell<CommStats>,
 }
@@ -89,8 +89,9 @@ pub struct GroupWork<B, T> {
     seq: u64,
     desc: String,
     timeout: Duration,
-    rx: Receiver<Result<Vec<B>, CommError>>,
-    tx: Sender<Msg<B>>,
+    issued: Instant,
+    slot: Arc<Slot<B>>,
+    meeting: Arc<dyn Meeting<B>>,
     finish: fn(Vec<B>) -> T,
 }
 
@@ -108,33 +109,30 @@ impl<B, T> Completion for GroupWork<B, T> {
     type Output = T;
 
     fn wait(self) -> Result<T, CommError> {
-        let reply = match self.rx.recv_timeout(self.timeout) {
-            Ok(r) => r,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                // Abort the group; the progress thread answers with who never arrived.
-                let _ = self.tx.send(Msg::Timeout {
-                    waiter: self.rank,
+        let deadline = self.issued + self.timeout;
+        if let Some(r) = self.meeting.wait(&self.slot, deadline) {
+            return r.map(self.finish);
+        }
+        // Out of time: abort the group, naming the ranks that never issued this one; the
+        // abort fills this rank's slot unless the collective completed meanwhile.
+        self.meeting
+            .time_out(self.seq, self.rank, self.timeout, &self.desc);
+        self.slot
+            .take()
+            .unwrap_or_else(|| {
+                Err(CommError::Timeout {
                     seq: self.seq,
+                    op: self.desc,
                     after: self.timeout,
-                });
-                match self.rx.recv_timeout(Duration::from_secs(5)) {
-                    Ok(r) => r,
-                    Err(_) => Err(CommError::Timeout {
-                        seq: self.seq,
-                        op: self.desc,
-                        after: self.timeout,
-                        waiter: self.rank,
-                        missing: Vec::new(),
-                    }),
-                }
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(CommError::Disconnected),
-        };
-        reply.map(self.finish)
+                    waiter: self.rank,
+                    missing: Vec::new(),
+                })
+            })
+            .map(self.finish)
     }
 
     fn is_complete(&self) -> bool {
-        !self.rx.is_empty()
+        self.slot.is_ready()
     }
 }
 
@@ -155,38 +153,22 @@ impl<B: CommBuffer> GroupComm<B> {
                 reason,
             };
             // Tell the others at once, so they fail instead of waiting out the timeout.
-            let _ = self.tx.send(Msg::Invalid(err.clone()));
+            self.meeting.fail(err.clone());
             return Err(err);
         }
         let mut stats = self.stats.get();
-        let size = desc.dtype.map_or(0, |d| d.size_of());
-        stats.record(
-            desc.kind,
-            desc.count,
-            size,
-            self.rank,
-            self.world,
-            desc.root.unwrap_or(0),
-        );
+        stats.count(&desc, self.rank, self.world);
         self.stats.set(stats);
-        let (reply, rx) = bounded(1);
         let text = desc.to_string();
-        self.tx
-            .send(Msg::Post(Post {
-                rank: self.rank,
-                seq,
-                desc,
-                buffers,
-                reply,
-            }))
-            .map_err(|_| CommError::Disconnected)?;
+        let slot = self.meeting.post(self.rank, seq, desc, buffers);
         Ok(GroupWork {
             rank: self.rank,
             seq,
             desc: text,
             timeout: self.timeout,
-            rx,
-            tx: self.tx.clone(),
+            issued: Instant::now(),
+            slot,
+            meeting: self.meeting.clone(),
             finish,
         })
     }
@@ -254,7 +236,7 @@ impl<B: CommBuffer> Communicator for GroupComm<B> {
 
 impl<B> Drop for GroupComm<B> {
     fn drop(&mut self) {
-        let _ = self.tx.send(Msg::Leave {
+        self.meeting.fail(CommError::RankLeft {
             rank: self.rank,
             panicked: std::thread::panicking(),
         });

@@ -5,13 +5,11 @@
 
 use crate::buffer::{HostBuffer, HostElement};
 use crate::op::{even_split, OpDesc, OpKind};
+use crate::reduce::{reduce_into, TILE};
 use crate::ReduceOp;
 use half::{bf16, f16};
 use rayon::prelude::*;
 use zero_kernels::{DType, PAR_CHUNK};
-
-/// Elements reduced at a time per thread: an `f32` accumulator this long stays in L1.
-const TILE: usize = 2048;
 
 /// Runs `desc` over `buffers[rank]` (the buffers each rank posted, already checked to
 /// match).
@@ -24,9 +22,23 @@ pub(super) fn execute(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
     }
 }
 
+/// Below this many elements moved in all, a collective runs in the calling thread: waking
+/// rayon's pool and waiting for it costs more than the copies (tens of µs).
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// Runs `f` on every item, on rayon's pool when `parallel`.
+fn each<I: Send>(parallel: bool, items: Vec<I>, f: impl Fn(I) + Sync + Send) {
+    if parallel {
+        items.into_par_iter().for_each(f);
+    } else {
+        items.into_iter().for_each(f);
+    }
+}
+
 fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
     let world = buffers.len();
     let op = desc.reduce.unwrap_or(ReduceOp::Sum);
+    let parallel = desc.count * world >= PARALLEL_MIN;
     match desc.kind {
         OpKind::AllReduce => {
             // Chunk c of every rank's buffer goes to one task, which reads all of them and
@@ -40,29 +52,32 @@ fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
                     per_chunk[c].push(chunk);
                 }
             }
-            per_chunk
-                .into_par_iter()
-                .for_each(|mut chunks| all_reduce_chunk(&mut chunks, op, world));
+            each(parallel, per_chunk, |mut chunks| {
+                all_reduce_chunk(&mut chunks, op, world)
+            });
         }
         OpKind::ReduceScatter => {
-            let (inputs, mut outputs) = split_pairs::<T>(buffers);
-            outputs.par_iter_mut().enumerate().for_each(|(rank, out)| {
+            let (inputs, outputs) = split_pairs::<T>(buffers);
+            // Every chunk of every rank's output is one task: it reads that range of every
+            // input, in rank order.
+            let mut tasks: Vec<(usize, &mut [T])> = Vec::new();
+            for (rank, out) in outputs.into_iter().enumerate() {
                 let piece = even_split(desc.count, world, rank);
-                out.par_chunks_mut(PAR_CHUNK)
-                    .enumerate()
-                    .for_each(|(c, out)| {
-                        let start = piece.start + c * PAR_CHUNK;
-                        let ins: Vec<&[T]> = inputs
-                            .iter()
-                            .map(|b| &b[start..start + out.len()])
-                            .collect();
-                        reduce_chunk(out, &ins, op, world);
-                    });
+                for (c, chunk) in out.chunks_mut(PAR_CHUNK).enumerate() {
+                    tasks.push((piece.start + c * PAR_CHUNK, chunk));
+                }
+            }
+            each(parallel, tasks, |(start, out)| {
+                let ins: Vec<&[T]> = inputs
+                    .iter()
+                    .map(|b| &b[start..start + out.len()])
+                    .collect();
+                reduce_chunk(out, &ins, op, world);
             });
         }
         OpKind::AllGather => {
-            let (inputs, mut outputs) = split_pairs::<T>(buffers);
-            outputs.par_iter_mut().for_each(|out| {
+            let (inputs, outputs) = split_pairs::<T>(buffers);
+            each(parallel, outputs, |out| {
                 for (rank, input) in inputs.iter().enumerate() {
                     out[even_split(desc.count, world, rank)].copy_from_slice(input);
                 }
@@ -75,10 +90,13 @@ fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
                 .filter_map(|b| T::slice_mut(&mut b[0]))
                 .collect();
             let src: Vec<T> = bufs[root].to_vec();
-            bufs.par_iter_mut()
+            let others: Vec<&mut [T]> = bufs
+                .drain(..)
                 .enumerate()
                 .filter(|(r, _)| *r != root)
-                .for_each(|(_, b)| b.copy_from_slice(&src));
+                .map(|(_, b)| b)
+                .collect();
+            each(parallel, others, |b| b.copy_from_slice(&src));
         }
         OpKind::Barrier => {}
     }
@@ -98,87 +116,23 @@ fn split_pairs<T: HostElement>(buffers: &mut [Vec<HostBuffer>]) -> (Vec<&[T]>, V
 /// `out[i] = op(inputs[0][i], inputs[1][i], …)` in that order, in `f32`, rounded once; for
 /// `Avg` the sum is divided by `world`.
 fn reduce_chunk<T: HostElement>(out: &mut [T], inputs: &[&[T]], op: ReduceOp, world: usize) {
-    let mut acc = [0f32; TILE];
-    for (t, out) in out.chunks_mut(TILE).enumerate() {
-        let acc = &mut acc[..out.len()];
-        let tile = t * TILE..t * TILE + out.len();
-        load(acc, &inputs[0][tile.clone()]);
-        for input in &inputs[1..] {
-            fold(acc, &input[tile.clone()], op);
-        }
-        finish(acc, op, world);
-        store(out, acc);
-    }
+    reduce_into(out, inputs, op, world);
 }
 
 /// All-reduce of one chunk held by every rank: reads each rank's chunk once, then writes
 /// the result to each.
 fn all_reduce_chunk<T: HostElement>(chunks: &mut [&mut [T]], op: ReduceOp, world: usize) {
-    let mut acc = [0f32; TILE];
+    let mut tile = [T::from_f32(0.0); TILE];
     let len = chunks[0].len();
     for start in (0..len).step_by(TILE) {
-        let tile = start..(start + TILE).min(len);
-        let acc = &mut acc[..tile.len()];
-        load(acc, &chunks[0][tile.clone()]);
-        for c in &chunks[1..] {
-            fold(acc, &c[tile.clone()], op);
+        let range = start..(start + TILE).min(len);
+        let out = &mut tile[..range.len()];
+        {
+            let ins: Vec<&[T]> = chunks.iter().map(|c| &c[range.clone()]).collect();
+            reduce_into(out, &ins, op, world);
         }
-        finish(acc, op, world);
         for c in chunks.iter_mut() {
-            store(&mut c[tile.clone()], acc);
+            c[range.clone()].copy_from_slice(out);
         }
-    }
-}
-
-// The per-element loops are compiled for several target sets and picked at run time. No
-// FMA, so every version gives the same bits.
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-))]
-fn load<T: HostElement>(acc: &mut [f32], x: &[T]) {
-    for (a, x) in acc.iter_mut().zip(x) {
-        *a = x.to_f32();
-    }
-}
-
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-))]
-fn fold<T: HostElement>(acc: &mut [f32], x: &[T], op: ReduceOp) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(x).for_each(|(a, x)| *a += x.to_f32()),
-        ReduceOp::Max => acc
-            .iter_mut()
-            .zip(x)
-            .for_each(|(a, x)| *a = nan_max(*a, x.to_f32())),
-    }
-}
-
-fn finish(acc: &mut [f32], op: ReduceOp, world: usize) {
-    if op == ReduceOp::Avg {
-        let n = world as f32;
-        acc.iter_mut().for_each(|a| *a /= n);
-    }
-}
-
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-    "x86_64+avx2+avx+sse4.2+sse4.1+ssse3+sse3",
-))]
-fn store<T: HostElement>(out: &mut [T], acc: &[f32]) {
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = T::from_f32(*a);
-    }
-}
-
-/// Maximum in which NaN wins, so a non-finite flag is never reduced away.
-#[inline(always)]
-pub(crate) fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() {
-        f32::NAN
-    } else {
-        a.max(b)
     }
 }

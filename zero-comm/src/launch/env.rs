@@ -294,9 +294,13 @@ impl LaunchEnv {
                     value: port.to_string(),
                     reason: "not a TCP port (1-65535)".into(),
                 })?;
-        let local_world_size = ["LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"]
-            .iter()
-            .find_map(|k| get(k).and_then(|v| v.trim().parse().ok()));
+        let local_world_size = [
+            "LOCAL_WORLD_SIZE",
+            "SLURM_NTASKS_PER_NODE",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ]
+        .iter()
+        .find_map(|k| get(k).and_then(|v| v.trim().parse().ok()));
         Ok(LaunchEnv {
             rank: t.rank,
             world_size: t.world,
@@ -307,6 +311,47 @@ impl LaunchEnv {
             job: job_identity(&get),
             local_world_size,
         })
+    }
+
+    /// Rank `rank` of a `world`-rank job on this machine whose rendezvous is at
+    /// `127.0.0.1:port`, as torchrun would describe it (for tests and for starting ranks
+    /// by hand).
+    pub fn local(rank: usize, world: usize, port: u16) -> Self {
+        LaunchEnv {
+            rank,
+            world_size: world,
+            local_rank: rank,
+            master_addr: "127.0.0.1".into(),
+            port,
+            launcher: Launcher::RankVariables,
+            job: None,
+            local_world_size: Some(world),
+        }
+    }
+
+    /// The variables torchrun sets that describe this rank (`RANK`, `WORLD_SIZE`,
+    /// `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, and `ZERO_JOB_ID`
+    /// where there is a job): what a child process needs to join as this rank.
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("RANK", self.rank.to_string()),
+            ("WORLD_SIZE", self.world_size.to_string()),
+            ("LOCAL_RANK", self.local_rank.to_string()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", self.port.to_string()),
+        ];
+        if let Some(l) = self.local_world_size {
+            v.push(("LOCAL_WORLD_SIZE", l.to_string()));
+        }
+        if let Some(job) = &self.job {
+            v.push((
+                "ZERO_JOB_ID",
+                job.split_once('=')
+                    .map_or(job.as_str(), |(_, j)| j)
+                    .to_string(),
+            ));
+        }
+        v
     }
 
     /// `host:port` of the rendezvous.

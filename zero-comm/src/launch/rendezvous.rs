@@ -122,7 +122,10 @@ fn serve(
                     extra.push(s);
                     continue;
                 }
-                let (theirs, ours) = (String::from_utf8_lossy(&job), env.job.as_deref().unwrap_or(""));
+                let (theirs, ours) = (
+                    String::from_utf8_lossy(&job),
+                    env.job.as_deref().unwrap_or(""),
+                );
                 if their_world != world {
                     problems.push(format!(
                         "rank {rank} at {from} was launched with WORLD_SIZE={their_world}, rank 0 with {world}"

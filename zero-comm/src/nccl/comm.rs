@@ -18,8 +18,8 @@
 //! divide by the world size, the pieces are staged through padded buffers. Results are
 //! NCCL's (its summation order, its `Max`), not bit-identical to the host group's.
 
-use super::bootstrap::rendezvous;
-use super::launch::LaunchEnv;
+use crate::launch::rendezvous;
+use crate::launch::LaunchEnv;
 use crate::op::{even_split, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use std::cell::Cell;
@@ -248,16 +248,7 @@ impl NcclComm {
             reason,
         })?;
         let mut stats = self.stats.get();
-        let size = desc.dtype.map_or(0, |d| d.size_of());
-        let root = desc.root.unwrap_or(0);
-        stats.record(
-            desc.kind,
-            desc.count,
-            size,
-            self.shared.rank,
-            self.world,
-            root,
-        );
+        stats.count(&desc, self.shared.rank, self.world);
         self.stats.set(stats);
         let queued = {
             let mut comm = self

@@ -1,9 +1,10 @@
-//! NCCL: the backend for one rank per GPU, bootstrapped from the launcher's environment.
+//! NCCL: the backend for one rank per GPU, bootstrapped from the launcher's environment
+//! ([`crate::launch`]).
 
-pub mod bootstrap;
 mod comm;
-pub mod launch;
 
-pub use bootstrap::rendezvous;
+pub use crate::launch::rendezvous::{self as bootstrap};
+pub use crate::launch::{
+    first_host, rendezvous, BootstrapError, LaunchEnv, Launcher, LAUNCH_VARIABLES,
+};
 pub use comm::{NcclComm, NcclWork};
-pub use launch::{first_host, BootstrapError, LaunchEnv, Launcher, LAUNCH_VARIABLES};

@@ -16,7 +16,7 @@
 
 mod collective;
 mod segment;
-mod setup;
+pub(crate) mod setup;
 mod watch;
 
 use crate::buffer::HostBuffer;
@@ -212,15 +212,7 @@ impl ShmComm {
             return Err(err);
         }
         let mut stats = self.stats.get();
-        let size = desc.dtype.map_or(0, |d| d.size_of());
-        stats.record(
-            desc.kind,
-            desc.count,
-            size,
-            self.rank,
-            self.world,
-            desc.root.unwrap_or(0),
-        );
+        stats.count(&desc, self.rank, self.world);
         self.stats.set(stats);
         self.run(&desc, f)
     }
@@ -266,11 +258,16 @@ impl Communicator for ShmComm {
         self.world
     }
 
-    fn all_reduce(&self, mut buf: HostBuffer, op: ReduceOp) -> Result<ShmWork<HostBuffer>, CommError> {
+    fn all_reduce(
+        &self,
+        mut buf: HostBuffer,
+        op: ReduceOp,
+    ) -> Result<ShmWork<HostBuffer>, CommError> {
         let dtype = buf.dtype();
-        self.issue(OpDesc::all_reduce(&buf, op), |run| {
-            typed!(dtype, T => run.all_reduce::<T>(slice_mut(&mut buf), op))
-        })?;
+        self.issue(
+            OpDesc::all_reduce(&buf, op),
+            |run| typed!(dtype, T => run.all_reduce::<T>(slice_mut(&mut buf), op)),
+        )?;
         Ok(ShmWork(buf))
     }
 
@@ -295,17 +292,23 @@ impl Communicator for ShmComm {
     ) -> Result<ShmWork<(HostBuffer, HostBuffer)>, CommError> {
         let dtype = output.dtype();
         let issued = OpDesc::all_gather(&input, &output, self.world, self.rank);
-        self.issue(issued, |run| {
-            typed!(dtype, T => run.all_gather::<T>(slice(&input), slice_mut(&mut output)))
-        })?;
+        self.issue(
+            issued,
+            |run| typed!(dtype, T => run.all_gather::<T>(slice(&input), slice_mut(&mut output))),
+        )?;
         Ok(ShmWork((input, output)))
     }
 
-    fn broadcast(&self, mut buf: HostBuffer, root: usize) -> Result<ShmWork<HostBuffer>, CommError> {
+    fn broadcast(
+        &self,
+        mut buf: HostBuffer,
+        root: usize,
+    ) -> Result<ShmWork<HostBuffer>, CommError> {
         let dtype = buf.dtype();
-        self.issue(OpDesc::broadcast(&buf, root, self.world), |run| {
-            typed!(dtype, T => run.broadcast::<T>(slice_mut(&mut buf), root))
-        })?;
+        self.issue(
+            OpDesc::broadcast(&buf, root, self.world),
+            |run| typed!(dtype, T => run.broadcast::<T>(slice_mut(&mut buf), root)),
+        )?;
         Ok(ShmWork(buf))
     }
 

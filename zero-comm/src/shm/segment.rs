@@ -192,7 +192,10 @@ impl Segment {
         for (i, w) in words.iter_mut().enumerate() {
             *w = self.map.u32_at(at + 4 * i).load(Ordering::Relaxed);
         }
-        (self.map.u64_at(at + 24).load(Ordering::Relaxed), decode(&words))
+        (
+            self.map.u64_at(at + 24).load(Ordering::Relaxed),
+            decode(&words),
+        )
     }
 
     /// Records an abort unless one is recorded already (the first cause wins) and wakes

@@ -23,9 +23,12 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 use zero_sys::ipc::{peer_credentials, recv_with_fd, send_with_fd, SharedMapping};
 
-/// Bytes per window unless `ZERO_SHM_WINDOW` says otherwise: 1 MiB, so that a rank's two
-/// halves and its peers' stay in the last-level cache while a chunk crosses.
-pub(crate) const DEFAULT_WINDOW: usize = 1 << 20;
+/// Bytes per window unless `ZERO_SHM_WINDOW` says otherwise: 4 MiB, so that every rank's
+/// two halves stay in a last-level cache of 32 MiB at 4 ranks while a chunk crosses, and a
+/// large collective needs few barriers (each costs a scheduler slice when there are more
+/// ranks than cores). Measured on 2 cores: 64 Mi bf16 all-reduce at 2 processes 35 → 30
+/// ms from 1 MiB, at 4 processes 168 → 107 ms; 16 MiB spilled the cache (51 ms at 2).
+pub const DEFAULT_WINDOW: usize = 4 << 20;
 const HELLO_MAGIC: &[u8; 4] = b"ZSHM";
 
 pub(crate) fn startup_error(reason: impl Into<String>) -> CommError {
@@ -146,15 +149,20 @@ fn hand_out(
             problems.push(format!("a process sent no greeting ({e})"));
             continue;
         }
-        let word = |i: usize| u32::from_le_bytes([hello[i], hello[i + 1], hello[i + 2], hello[i + 3]]);
+        let word =
+            |i: usize| u32::from_le_bytes([hello[i], hello[i + 1], hello[i + 2], hello[i + 3]]);
         let (rank, theirs) = (word(4) as usize, word(8) as usize);
         let cred = peer_credentials(&s).ok();
         let problem = if &hello[..4] != HELLO_MAGIC {
             Some("a process that is not a zero rank connected".to_string())
         } else if theirs != world {
-            Some(format!("rank {rank} was launched with WORLD_SIZE={theirs}, rank 0 with {world}"))
+            Some(format!(
+                "rank {rank} was launched with WORLD_SIZE={theirs}, rank 0 with {world}"
+            ))
         } else if rank == 0 || rank >= world || seen[rank] {
-            Some(format!("a process claims rank {rank}, which is taken or outside 1..{world}"))
+            Some(format!(
+                "a process claims rank {rank}, which is taken or outside 1..{world}"
+            ))
         } else if let (Some(c), Some(u)) = (cred, uid) {
             (c.uid != u).then(|| format!("rank {rank} runs as uid {}, rank 0 as uid {u}", c.uid))
         } else {

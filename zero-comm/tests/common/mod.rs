@@ -11,3 +11,12 @@ pub fn run_ranks<C: Send, R: Send>(comms: Vec<C>, f: impl Fn(C) -> R + Sync) -> 
             .collect()
     })
 }
+
+/// A TCP port free right now on the loopback interface, for a rendezvous.
+#[allow(dead_code)] // not every suite uses it
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

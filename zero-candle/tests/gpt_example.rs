@@ -63,3 +63,38 @@ fn the_gpt_example_refuses_bad_flags() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--ranks must be at least 1"));
 }
+
+#[test]
+fn two_processes_under_torchrun_train_with_the_bits_of_two_ranks_in_one_process() {
+    let args = ["--steps", "3", "--dim", "16", "--precision", "bf16"];
+    let mut threads = args.to_vec();
+    threads.extend(["--ranks", "2"]);
+    let want = common::bits_line(&run(&threads));
+    let exe = common::example_named("gpt").expect("the gpt example is built with the tests");
+    let port = common::free_port();
+    // The variables torchrun --no-python --nproc-per-node 2 sets.
+    let commands = (0..2)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            for k in zero_comm::launch::LAUNCH_VARIABLES {
+                c.env_remove(k);
+            }
+            c.envs(zero_comm::launch::LaunchEnv::local(r, 2, port).vars())
+                .env("TORCHELASTIC_RUN_ID", "zero-gpt-test")
+                .args(args);
+            c
+        })
+        .collect();
+    let outs = common::run_ranks(commands, Duration::from_secs(240));
+    assert!(
+        outs[0].contains("2 ranks one process each (Torchrun)"),
+        "{}",
+        outs[0]
+    );
+    assert_eq!(
+        common::bits_line(&outs[0]),
+        want,
+        "rank 0 of 2 processes differs from --ranks 2"
+    );
+    println!("2 processes under torchrun's variables: {want}");
+}

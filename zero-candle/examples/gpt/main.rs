@@ -1,15 +1,18 @@
 //! The main job: a small GPT, written with candle-nn, trained through zero-candle with
-//! ZeRO on in-process CPU ranks.
+//! ZeRO on CPU ranks: threads of one process, or one process per rank under a launcher.
 //!
 //! ```sh
 //! cargo run --release --example gpt                      # stage 3, 4 ranks, bf16
 //! cargo run --release --example gpt -- --compare-stages  # stages 0-3 side by side
 //! cargo run --release --example gpt -- --stage 2 --ranks 2 --precision fp32
 //! cargo run --release --example gpt -- --config ds_config.json --steps 200
+//! torchrun --no-python --nproc-per-node 4 target/release/examples/gpt   # 4 processes
 //! ```
 
 #[path = "../../../zero-runtime/examples/train/flags.rs"]
 mod flags;
+#[path = "../../../zero-runtime/examples/train/ranks.rs"]
+mod ranks;
 #[path = "../../../zero-runtime/examples/train/report.rs"]
 mod report;
 #[path = "../../../zero-runtime/examples/train/source.rs"]
@@ -18,12 +21,13 @@ mod source;
 use candle_core::{Device, Tensor};
 use clap::Parser;
 use flags::ConfigFlags;
+use ranks::Ranks;
 use report::RankResult;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use zero_candle::gpt::{self, Gpt, GptConfig};
 use zero_candle::{Options, ZeroCandle};
-use zero_comm::{Communicator, HostGroup};
+use zero_comm::{Communicator, HostBuffer, HostGroup};
 use zero_runtime::{HostDevice, ZeroConfig};
 
 /// Train a small GPT (candle-nn) on text from a random Markov chain through zero-candle,
@@ -33,9 +37,13 @@ use zero_runtime::{HostDevice, ZeroConfig};
 struct Args {
     #[command(flatten)]
     flags: ConfigFlags,
-    /// In-process ranks.
+    /// In-process ranks (under a launcher: one rank per process instead).
     #[arg(long, default_value_t = 4)]
     ranks: usize,
+    /// The local rank, as the deepspeed launcher passes it (`--local_rank=N`); it must
+    /// agree with the launcher's environment.
+    #[arg(long = "local_rank", alias = "local-rank")]
+    local_rank: Option<usize>,
     /// Seed of the text source, the data and the initial weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -72,16 +80,20 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    if args.ranks == 0 {
-        return Err("--ranks must be at least 1".into());
-    }
-    // Ranks are threads of this process: give each rank's candle ops a share of the cores
-    // instead of letting every rank's matmuls use all of them.
+    let ranks = Ranks::from_args(args.ranks, args.local_rank)?;
+    let (world, leader) = (ranks.world(), ranks.leader());
+    let say = |line: String| {
+        if leader {
+            println!("{line}");
+        }
+    };
+    // Give each rank's candle ops a share of the cores instead of letting every rank's
+    // matmuls use all of them (the same share in-process and one process per rank).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let share = (cores / args.ranks).max(1);
+        let share = (cores / world).max(1);
         std::env::set_var("RAYON_NUM_THREADS", share.to_string());
-        println!("{cores} cores, {} ranks: candle uses {share} thread(s) per rank (set RAYON_NUM_THREADS to choose)", args.ranks);
+        say(format!("{cores} cores, {world} ranks: candle uses {share} thread(s) per rank (set RAYON_NUM_THREADS to choose)"));
     }
     let (base, origin) = args.flags.base_config(DEFAULT_CONFIG)?;
     let source = source::Source::new(args.seed, 16);
@@ -90,41 +102,84 @@ fn run(args: &Args) -> Result<(), String> {
         ..GptConfig::example()
     };
     let entropy = source.entropy_rate();
-    println!(
-        "zero-candle example: GPT in candle-nn ({} parameters: {} blocks, width {}, {} heads, context {}), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {} ranks",
+    say(format!(
+        "zero-candle example: GPT in candle-nn ({} parameters: {} blocks, width {}, {} heads, context {}), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {world} ranks {how}",
         report::fmt_count(model.numel() as u64),
         model.blocks,
         model.dim,
         model.heads,
         model.context,
         source.vocab,
-        args.ranks,
-    );
+        how = ranks.how(),
+    ));
     let steps = args.flags.steps.unwrap_or(DEFAULT_STEPS);
     let mut results = Vec::new();
     for stage in args.flags.stages() {
         let (value, said) = flags::overrides(base.clone(), &args.flags, stage, steps, &origin);
         for line in said {
-            println!("  {line}");
+            say(format!("  {line}"));
         }
-        let cfg = ZeroConfig::from_json(&value, args.ranks).map_err(|e| format!("config: {e}"))?;
+        let cfg = ZeroConfig::from_json(&value, world).map_err(|e| format!("config: {e}"))?;
         for note in &cfg.notes {
-            println!("  note: {note}");
+            say(format!("  note: {note}"));
         }
-        let (r, candle) = train(args, &cfg, &model, &source, steps)?;
-        report::report(&cfg, &r, entropy, args.ranks);
-        println!(
-            "parameters in candle storage on rank 0: peak {} while training, {} at rest (the whole model in f32: {})",
-            report::mib(candle.peak),
-            report::mib(candle.at_rest),
-            report::mib(4 * model.numel())
-        );
+        let timeout = Duration::from_secs(300);
+        let data = Data::new(&cfg, &model, &source, steps, world, args.seed);
+        let (r, candle) = match &ranks {
+            Ranks::Threads(n) => {
+                let comms = HostGroup::with_timeout(*n, timeout).map_err(|e| e.to_string())?;
+                train(args, &cfg, &model, &data, steps, comms, leader)?
+            }
+            Ranks::Launched(env) => train(
+                args,
+                &cfg,
+                &model,
+                &data,
+                steps,
+                Ranks::shm(env, timeout)?,
+                leader,
+            )?,
+        };
+        if leader {
+            report::report(&cfg, &r, entropy, world);
+            println!(
+                "parameters in candle storage on rank 0: peak {} while training, {} at rest (the whole model in f32: {})",
+                report::mib(candle.peak),
+                report::mib(candle.at_rest),
+                report::mib(4 * model.numel())
+            );
+        }
         results.push((cfg.zero.stage, r));
     }
-    if args.flags.compare_stages {
-        report::compare(&results, entropy, args.ranks);
+    if args.flags.compare_stages && leader {
+        report::compare(&results, entropy, world);
     }
     Ok(())
+}
+
+/// The training and held-out text of a run.
+struct Data {
+    text: Vec<u8>,
+    held_out: Vec<u8>,
+}
+
+impl Data {
+    fn new(
+        cfg: &ZeroConfig,
+        model: &GptConfig,
+        source: &source::Source,
+        steps: usize,
+        world: usize,
+        seed: u64,
+    ) -> Data {
+        let per_step =
+            world * cfg.micro_batch_per_rank as usize * cfg.gradient_accumulation_steps as usize;
+        let t = model.context;
+        Data {
+            text: source.sample(seed, (steps * per_step + 1) * t + 1),
+            held_out: source.sample(seed ^ 0xe7a1, (EVAL_SEQUENCES + 1) * t + 1),
+        }
+    }
 }
 
 /// Parameter bytes rank 0 held in candle storage.
@@ -154,28 +209,30 @@ fn sequences(
     ))
 }
 
-fn train(
+/// Trains one engine per communicator (every rank in-process, or this process's rank),
+/// each in its own thread; returns the first one's result.
+fn train<C: Communicator<Buffer = HostBuffer> + 'static>(
     args: &Args,
     cfg: &ZeroConfig,
     model: &GptConfig,
-    source: &source::Source,
+    data: &Data,
     steps: usize,
+    comms: Vec<C>,
+    leader: bool,
 ) -> Result<(RankResult, CandleBytes), String> {
-    let world = args.ranks;
+    let world = comms.first().map_or(1, |c| c.world_size());
+    let first_rank = comms.first().map_or(0, |c| c.rank());
     let micro = cfg.micro_batch_per_rank as usize;
     let accum = cfg.gradient_accumulation_steps as usize;
     let per_step = world * micro * accum;
     let t = model.context;
-    let text = source.sample(args.seed, (steps * per_step + 1) * t + 1);
-    let held_out = source.sample(args.seed ^ 0xe7a1, (EVAL_SEQUENCES + 1) * t + 1);
-    let comms =
-        HostGroup::with_timeout(world, Duration::from_secs(300)).map_err(|e| e.to_string())?;
-    let pb = report::progress_bar(steps, cfg.zero.stage)?;
+    let (text, held_out) = (&data.text, &data.held_out);
+    let pb = report::progress_bar(steps, cfg.zero.stage, leader)?;
     let result = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let (pb, text, held_out) = (pb.clone(), &text, &held_out);
+                let pb = pb.clone();
                 s.spawn(move || -> Result<(RankResult, CandleBytes), String> {
                     let rank = comm.rank();
                     let options = Options {
@@ -253,7 +310,7 @@ fn train(
                 })
             })
             .collect();
-        report::rank_zero(handles)
+        report::rank_zero(handles, first_rank)
     });
     pb.finish_and_clear();
     result

@@ -12,16 +12,18 @@
 
 mod flags;
 mod lm;
+mod ranks;
 mod report;
 
 use clap::{Parser, ValueEnum};
 use flags::ConfigFlags;
+use ranks::Ranks;
 use report::RankResult;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use zero_comm::nccl::{LaunchEnv, NcclComm};
+use zero_comm::nccl::NcclComm;
 use zero_comm::{Communicator, DeviceGroup, HostGroup};
 use zero_runtime::scaler::ScaleChange;
 use zero_runtime::{CudaDevice, Engine, HostDevice, ZeroConfig};
@@ -99,33 +101,13 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), String> {
     // Under torchrun, the deepspeed launcher, srun or mpirun: one rank per process, over
-    // NCCL.
-    let launch = if LaunchEnv::launched() {
-        let env = LaunchEnv::from_env().map_err(|e| e.to_string())?;
-        if let Some(flag) = args.local_rank.filter(|&l| l != env.local_rank) {
-            return Err(format!(
-                "--local_rank={flag} disagrees with the launcher's local rank {} ({:?})",
-                env.local_rank, env.launcher
-            ));
-        }
-        if args.device != DeviceArg::Cuda {
-            return Err(format!(
-                "launched as rank {} of {} ({:?}): one rank per process runs over NCCL, so pass --device cuda (CPU ranks run in one process with --ranks N)",
-                env.rank, env.world_size, env.launcher
-            ));
-        }
-        Some(env)
-    } else {
-        None
-    };
-    if args.ranks == 0 {
-        return Err("--ranks must be at least 1".into());
-    }
+    // NCCL with --device cuda, else over shared memory.
+    let ranks = Ranks::from_args(args.ranks, args.local_rank)?;
     if args.flags.compare_stages && (args.save_dir.is_some() || args.resume.is_some()) {
         return Err("--compare-stages runs four separate trainings: it does not take --save-dir or --resume".into());
     }
-    let world = launch.as_ref().map_or(args.ranks, |l| l.world_size);
-    let leader = launch.as_ref().is_none_or(|l| l.rank == 0);
+    let world = ranks.world();
+    let leader = ranks.leader();
     // Only rank 0 of a launched job prints.
     let say = |line: String| {
         if leader {
@@ -142,9 +124,10 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let entropy = source.entropy_rate();
     say(format!(
-        "zero training example: char-level MLP LM ({} parameters), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {world} ranks",
+        "zero training example: char-level MLP LM ({} parameters), order-2 Markov text over {} letters (entropy rate {entropy:.4} nats/char), {world} ranks {}",
         report::fmt_count(shape.numel() as u64),
         source.vocab,
+        ranks.how(),
     ));
     let stages = args.flags.stages();
     let mut results = Vec::new();
@@ -158,7 +141,7 @@ fn run(args: &Args) -> Result<(), String> {
         for note in &cfg.notes {
             say(format!("  note: {note}"));
         }
-        let r = train(args, &cfg, &source, &shape, world, launch.as_ref())?;
+        let r = train(args, &cfg, &source, &shape, &ranks)?;
         if leader {
             report::report(&cfg, &r, entropy, world);
         }
@@ -175,9 +158,9 @@ fn train(
     cfg: &ZeroConfig,
     source: &lm::Source,
     shape: &lm::Shape,
-    world: usize,
-    launch: Option<&LaunchEnv>,
+    ranks: &Ranks,
 ) -> Result<RankResult, String> {
+    let world = ranks.world();
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
     let text = source.sample(
@@ -186,22 +169,38 @@ fn train(
     );
     let held_out = source.sample(args.seed ^ 0xe7a1, 8192 + shape.context);
     let timeout = Duration::from_secs(300);
-    if let Some(env) = launch {
-        let comm = NcclComm::init(env, timeout).map_err(|e| format!("NCCL: {e}"))?;
-        return train_ranks(args, cfg, shape, &text, &held_out, vec![comm], || {
-            CudaDevice::new().map_err(|e| format!("--device cuda: {e}"))
-        });
-    }
-    match args.device {
-        DeviceArg::Cpu => {
-            let comms = HostGroup::with_timeout(world, timeout).map_err(|e| e.to_string())?;
-            train_ranks(args, cfg, shape, &text, &held_out, comms, || Ok(HostDevice))
+    let leader = ranks.leader();
+    match (ranks, args.device) {
+        (Ranks::Launched(env), DeviceArg::Cuda) => {
+            let comm = NcclComm::init(env, timeout).map_err(|e| format!("NCCL: {e}"))?;
+            train_ranks(
+                args,
+                cfg,
+                shape,
+                &text,
+                &held_out,
+                vec![comm],
+                leader,
+                || CudaDevice::new().map_err(|e| format!("--device cuda: {e}")),
+            )
         }
-        DeviceArg::Cuda => {
+        (Ranks::Launched(env), DeviceArg::Cpu) => {
+            let comms = Ranks::shm(env, timeout)?;
+            train_ranks(args, cfg, shape, &text, &held_out, comms, leader, || {
+                Ok(HostDevice)
+            })
+        }
+        (Ranks::Threads(n), DeviceArg::Cpu) => {
+            let comms = HostGroup::with_timeout(*n, timeout).map_err(|e| e.to_string())?;
+            train_ranks(args, cfg, shape, &text, &held_out, comms, leader, || {
+                Ok(HostDevice)
+            })
+        }
+        (Ranks::Threads(n), DeviceArg::Cuda) => {
             // Ranks as threads sharing the one GPU (NCCL takes one process per GPU).
-            let comms = DeviceGroup::with_timeout(world, timeout)
+            let comms = DeviceGroup::with_timeout(*n, timeout)
                 .map_err(|e| format!("--device cuda: {e}"))?;
-            train_ranks(args, cfg, shape, &text, &held_out, comms, || {
+            train_ranks(args, cfg, shape, &text, &held_out, comms, leader, || {
                 CudaDevice::new().map_err(|e| format!("--device cuda: {e}"))
             })
         }
@@ -218,6 +217,7 @@ fn train_ranks<C, D>(
     text: &[u8],
     held_out: &[u8],
     comms: Vec<C>,
+    leader: bool,
     device: impl Fn() -> Result<D, String> + Sync,
 ) -> Result<RankResult, String>
 where
@@ -225,9 +225,10 @@ where
     D: zero_runtime::Device<Buffer = C::Buffer>,
 {
     let world = comms.first().map_or(1, |c| c.world_size());
+    let first = comms.first().map_or(0, |c| c.rank());
     let tokens_per_step =
         world * (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps) as usize;
-    let pb = report::progress_bar(args.steps(), cfg.zero.stage)?;
+    let pb = report::progress_bar(args.steps(), cfg.zero.stage, leader)?;
     let result = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -297,7 +298,7 @@ where
                 })
             })
             .collect();
-        report::rank_zero(handles)
+        report::rank_zero(handles, first)
     });
     pb.finish_and_clear();
     result

@@ -8,7 +8,10 @@ use std::time::Duration;
 use zero_runtime::{CommReport, MemoryReport, Timings, ZeroConfig};
 
 /// The progress bar of a training run of `steps` steps at ZeRO `stage` (rank 0 advances it).
-pub fn progress_bar(steps: usize, stage: u8) -> Result<ProgressBar, String> {
+pub fn progress_bar(steps: usize, stage: u8, visible: bool) -> Result<ProgressBar, String> {
+    if !visible {
+        return Ok(ProgressBar::hidden());
+    }
     let pb = ProgressBar::new(steps as u64);
     pb.set_style(
         ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg}")
@@ -19,16 +22,19 @@ pub fn progress_bar(steps: usize, stage: u8) -> Result<ProgressBar, String> {
     Ok(pb)
 }
 
-/// Joins every rank's thread and returns rank 0's result, or the first failing rank's
-/// error, named.
-pub fn rank_zero<T>(handles: Vec<ScopedJoinHandle<'_, Result<T, String>>>) -> Result<T, String> {
+/// Joins the threads of this process's ranks (`first`, `first + 1`, …) and returns the
+/// first one's result (rank 0's in-process), or the first failing rank's error, named.
+pub fn rank_zero<T>(
+    handles: Vec<ScopedJoinHandle<'_, Result<T, String>>>,
+    first: usize,
+) -> Result<T, String> {
     let results: Vec<Result<T, String>> = handles
         .into_iter()
         .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
         .collect();
     let mut ok = Vec::with_capacity(results.len());
-    for (rank, r) in results.into_iter().enumerate() {
-        ok.push(r.map_err(|e| format!("rank {rank}: {e}"))?);
+    for (i, r) in results.into_iter().enumerate() {
+        ok.push(r.map_err(|e| format!("rank {}: {e}", first + i))?);
     }
     Ok(ok.swap_remove(0))
 }
@@ -202,6 +208,12 @@ pub fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
         r.eval_loss,
         r.train_loss,
         r.eval_loss as f64 - entropy
+    );
+    // Runs that agree to the bit print the same line, in-process or one process per rank.
+    println!(
+        "final loss bits: {:#010x} held-out, {:#010x} training",
+        r.eval_loss.to_bits(),
+        r.train_loss.to_bits()
     );
 }
 

@@ -60,3 +60,46 @@ pub fn output_within(
         stderr: e.join().unwrap_or_default(),
     })
 }
+
+/// A TCP port free right now on the loopback interface, for a rendezvous.
+#[allow(dead_code)] // not every test file that includes this starts ranks
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Runs one command per rank (each already given its launcher's variables) at once and
+/// waits for all, killing any still running after `limit`; each rank's stdout and stderr.
+/// Panics naming the rank that failed.
+#[allow(dead_code)]
+pub fn run_ranks(commands: Vec<std::process::Command>, limit: std::time::Duration) -> Vec<String> {
+    let handles: Vec<_> = commands
+        .into_iter()
+        .map(|mut c| std::thread::spawn(move || output_within(&mut c, limit)))
+        .collect();
+    handles
+        .into_iter()
+        .enumerate()
+        .map(|(r, h)| {
+            let out = h
+                .join()
+                .expect("rank thread")
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "rank {r} failed:\n{text}");
+            text
+        })
+        .collect()
+}
+
+/// A run's `final loss bits` line (what equal runs print equally).
+#[allow(dead_code)]
+pub fn bits_line(text: &str) -> String {
+    text.lines()
+        .find(|l| l.starts_with("final loss bits"))
+        .unwrap_or_else(|| panic!("no final loss bits in:\n{text}"))
+        .to_string()
+}

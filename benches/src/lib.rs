@@ -3,6 +3,7 @@
 
 pub mod disk;
 pub mod offload;
+pub mod ranks;
 
 use criterion::Criterion;
 use std::time::Duration;

@@ -9,6 +9,10 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
     /// Whether it is trained (has gradients and optimizer state).
     pub trainable: bool,
+    /// Other full names of the same tensor (tied weights: GPT-2's `lm_head.weight` is
+    /// `transformer.wte.weight`). Checkpoints record them, and exports write the tensor
+    /// under each, so a state dict loads under every name the model has.
+    pub aliases: Vec<String>,
 }
 
 impl ParamSpec {
@@ -18,7 +22,14 @@ impl ParamSpec {
             name: name.into(),
             shape: shape.to_vec(),
             trainable: true,
+            aliases: Vec::new(),
         }
+    }
+
+    /// The same parameter, also known by the full names `aliases` (tied weights).
+    pub fn with_aliases(mut self, aliases: Vec<String>) -> Self {
+        self.aliases = aliases;
+        self
     }
 
     /// A frozen parameter: kept whole on every rank, never communicated.

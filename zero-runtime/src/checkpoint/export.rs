@@ -219,12 +219,17 @@ pub fn export_safetensors(
     buffer: usize,
 ) -> Result<Vec<WrittenFile>, CheckpointError> {
     let params = ckpt.manifest.params.clone();
+    // Each parameter under its name and, for tied weights, under each alias too.
     let specs: Vec<TensorSpec> = params
         .iter()
-        .map(|p| TensorSpec {
-            name: p.name.clone(),
-            dtype,
-            shape: p.shape.clone(),
+        .flat_map(|p| {
+            std::iter::once(&p.name)
+                .chain(&p.aliases)
+                .map(|name| TensorSpec {
+                    name: name.clone(),
+                    dtype,
+                    shape: p.shape.clone(),
+                })
         })
         .collect();
     let mut w = HfWriter::new(out, &specs, max_shard_bytes, buffer)?;
@@ -240,7 +245,9 @@ pub fn export_safetensors(
         } else {
             values = ckpt.read_frozen(p)?;
         }
-        w.write_tensor(&p.name, &values)?;
+        for name in std::iter::once(&p.name).chain(&p.aliases) {
+            w.write_tensor(name, &values)?;
+        }
     }
     w.finish()
 }

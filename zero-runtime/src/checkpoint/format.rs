@@ -82,6 +82,9 @@ pub struct ParamEntry {
     pub trainable: bool,
     /// The fragments, in order of offset, covering the parameter exactly (trainable only).
     pub fragments: Vec<Fragment>,
+    /// Other full names of the same tensor (tied weights); absent in older manifests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
 }
 
 impl ParamEntry {

@@ -26,6 +26,15 @@ pub(super) struct Trace {
 }
 
 impl Trace {
+    /// The pass under way had no backward: its fetches are not a pass to follow (a trace
+    /// being recorded starts over; a valid one is kept).
+    fn abandon_pass(&mut self) {
+        if !self.valid {
+            self.modules.clear();
+        }
+        self.pos = 0;
+    }
+
     pub fn end_pass(&mut self) {
         if !self.modules.is_empty() {
             self.valid = true;
@@ -75,6 +84,36 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.prefetch()?;
         self.timings.add_gather(t0.elapsed());
         Ok(())
+    }
+
+    /// Ends a forward pass that will have no backward (under `torch.no_grad()`, in
+    /// evaluation, or whose loss was dropped): every bucket it gathered or prefetched is
+    /// freed, and its fetches neither start the backward phase nor become the trace.
+    /// Gradients of the micro-step, if any, are untouched.
+    pub fn abandon_pass(&mut self) -> Result<(), EngineError> {
+        self.fetched.iter_mut().for_each(|f| *f = false);
+        self.trace.abandon_pass();
+        if self.policy.shards_parameters() {
+            self.free_all_gathered()?;
+        }
+        Ok(())
+    }
+
+    /// Whether parameter `k` of module `m` is kept whole on every rank (stage 3 keeps
+    /// parameters at or under `stage3_param_persistence_threshold`, and frozen ones, whole;
+    /// stages 0–2 keep every parameter whole).
+    pub fn param_persistent(&self, m: usize, k: usize) -> Result<bool, EngineError> {
+        let module = self.module(m)?;
+        if k >= module.params.len() {
+            return Err(EngineError::GradShape {
+                module: module.name.clone(),
+                detail: format!("no parameter {k}: the module has {}", module.params.len()),
+            });
+        }
+        Ok(match self.plan.locs[self.first_param[m] + k] {
+            crate::plan::ParamLoc::Frozen { .. } => true,
+            crate::plan::ParamLoc::Bucket { bucket, .. } => !self.params_sharded(bucket),
+        })
     }
 
     /// Declares module `m` done for now. Stage 3 frees its gathered bucket unless the

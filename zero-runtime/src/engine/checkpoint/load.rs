@@ -347,7 +347,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// The 16-bit parameters from the fp32 master weights: each rank rounds the range it
     /// holds, and buckets kept whole are all-gathered, as after an optimizer step.
-    fn params_from_master(&mut self) -> Result<(), EngineError> {
+    pub(super) fn params_from_master(&mut self) -> Result<(), EngineError> {
         if self.offload.is_some() {
             self.offloaded_params_from_master()?;
             return self.publish_params();

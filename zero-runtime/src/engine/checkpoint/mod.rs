@@ -10,6 +10,7 @@ mod agree;
 mod load;
 mod model16;
 mod save;
+mod set;
 
 use super::Engine;
 use crate::device::Device;

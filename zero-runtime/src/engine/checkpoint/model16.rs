@@ -54,14 +54,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let frozen = self.frozen_params();
         order.extend(frozen.iter().map(|&(id, _)| id));
         let mut writer = if self.rank == 0 {
-            let specs: Vec<TensorSpec> = order
-                .iter()
-                .map(|&id| TensorSpec {
-                    name: self.param_name(id),
-                    dtype: self.dtype,
-                    shape: self.param_spec(id).shape.clone(),
-                })
-                .collect();
+            let mut specs: Vec<TensorSpec> = Vec::with_capacity(order.len());
+            for &id in &order {
+                for name in self.names_of(id) {
+                    specs.push(TensorSpec {
+                        name,
+                        dtype: self.dtype,
+                        shape: self.param_spec(id).shape.clone(),
+                    });
+                }
+            }
             Some(HfWriter::new(
                 dir,
                 &specs,
@@ -97,7 +99,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .and_then(|full| {
                         for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
                             let values = self.dev.download_f32(full, layout.tensor_range(i))?;
-                            w.write_tensor(&self.param_name(id), &values)?;
+                            for name in self.names_of(id) {
+                                w.write_tensor(&name, &values)?;
+                            }
                         }
                         Ok(())
                     });
@@ -113,8 +117,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (id, offset) in frozen {
             let n = self.param_spec(id).numel();
             let values = self.dev.download_f32(&self.frozen, offset..offset + n)?;
-            w.write_tensor(&self.param_name(id), &values)?;
+            for name in self.names_of(id) {
+                w.write_tensor(&name, &values)?;
+            }
         }
         Ok(w.finish()?)
+    }
+
+    /// Parameter `id`'s name, then its aliases (tied weights).
+    fn names_of(&self, id: usize) -> Vec<String> {
+        std::iter::once(self.param_name(id))
+            .chain(self.param_spec(id).aliases.iter().cloned())
+            .collect()
     }
 }

@@ -405,6 +405,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 shape: spec.shape.clone(),
                 trainable: spec.trainable,
                 fragments,
+                aliases: spec.aliases.clone(),
             });
         }
         let manifest = Manifest {

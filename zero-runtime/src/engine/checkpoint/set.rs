@@ -1,0 +1,101 @@
+//! New values for some parameters, chosen by one rank: what DeepSpeed's
+//! `GatheredParameters(modifier_rank=r)` does on exit. The values travel from rank `r` to
+//! every rank, each rank writes the fp32 master weights it holds, and the 16-bit parameters
+//! are rounded from the master weights as after a load (the optimizer's moments are kept).
+
+use super::super::Engine;
+use crate::device::Device;
+use crate::EngineError;
+use zero_comm::{Communicator, Completion};
+use zero_kernels::DType;
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Sets each listed parameter (by global id, [`Engine::param_id`]) to rank `root`'s
+    /// values, on every rank: a collective every rank
+    /// calls with the same ids (the values of other ranks are ignored). Between optimizer
+    /// steps only; not with `offload_optimizer`.
+    pub fn set_params(
+        &mut self,
+        values: Vec<(usize, Vec<f32>)>,
+        root: usize,
+    ) -> Result<(), EngineError> {
+        self.require_boundary("set_params")?;
+        if self.offload.is_some() {
+            return Err(EngineError::Order(
+                "set_params (GatheredParameters with modifier_rank) is not supported with offload_optimizer".into(),
+            ));
+        }
+        if root >= self.world {
+            return Err(EngineError::Order(format!(
+                "modifier rank {root} is not a rank of a group of {}",
+                self.world
+            )));
+        }
+        let mut total = 0;
+        for (id, v) in &values {
+            if *id >= self.param_count() {
+                return Err(EngineError::InvalidModel(format!(
+                    "parameter {id} does not exist: the model has {}",
+                    self.param_count()
+                )));
+            }
+            let spec = self.param_spec(*id);
+            if v.len() != spec.numel() {
+                return Err(EngineError::GradShape {
+                    module: self.param_name(*id),
+                    detail: format!("{} values for {} elements", v.len(), spec.numel()),
+                });
+            }
+            total += v.len();
+        }
+        // Rank root's values to every rank, in one broadcast.
+        let mut flat = self.dev.zeros(DType::F32, total)?;
+        if self.rank == root {
+            let mut at = 0;
+            for (_, v) in &values {
+                self.dev.upload_f32(&mut flat, at, v)?;
+                at += v.len();
+            }
+        }
+        let work = self.issue(|c| &mut c.control, |comm| comm.broadcast(flat, root))?;
+        let flat = work.wait()?;
+        let mut offsets = vec![None; self.param_count()];
+        let mut at = 0;
+        for (id, v) in &values {
+            offsets[*id] = Some(at);
+            at += v.len();
+        }
+        for b in 0..self.buckets.len() {
+            let start = self.opt_start(b)?;
+            for piece in self.held_pieces(b)? {
+                let Some(from) = offsets[piece.param] else {
+                    continue;
+                };
+                let src = from + piece.tensor_range.start..from + piece.tensor_range.end;
+                let at = piece.flat_range.start - start;
+                let master = &mut self.buckets[b].opt.master;
+                self.dev.copy(&flat, src, master, at)?;
+            }
+        }
+        for (id, offset) in self.frozen_params() {
+            if let Some(from) = offsets[id] {
+                let n = self.param_spec(id).numel();
+                self.dev
+                    .copy(&flat, from..from + n, &mut self.frozen, offset)?;
+            }
+        }
+        self.params_from_master()
+    }
+
+    /// The global id of parameter `k` of module `m` (registration order over all modules).
+    pub fn param_id(&self, m: usize, k: usize) -> Result<usize, EngineError> {
+        let module = self.module(m)?;
+        if k >= module.params.len() {
+            return Err(EngineError::GradShape {
+                module: module.name.clone(),
+                detail: format!("no parameter {k}: the module has {}", module.params.len()),
+            });
+        }
+        Ok(self.first_param[m] + k)
+    }
+}

@@ -145,7 +145,8 @@ fn sweep(what: What) {
             }
         }
     }
-    // The swap files were in the folder, one per rank, and are removed with the engines.
+    // The swap files are unlinked as soon as they are open, and their folders go with the
+    // engines.
     let left: Vec<_> = walk(nvme.path());
     assert!(
         left.iter()

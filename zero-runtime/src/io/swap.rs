@@ -7,6 +7,11 @@
 //! `workers` threads at once (`aio.intra_op_parallelism × aio.queue_depth`, the requests in
 //! flight). `O_DIRECT` is required: a file system that refuses it (tmpfs before Linux 6.6) is an error
 //! naming the path, since the page cache would hold a second copy of everything swapped.
+//!
+//! The file is unlinked as soon as it is open and preallocated: it holds disk space only
+//! while its descriptor is open, and nothing is left in `nvme_path` after any exit, a
+//! SIGKILL included (DeepSpeed's swap folders outlive a crash). Its path only names it in
+//! messages.
 
 use super::{os, AlignedBuf, IoError, ALIGN};
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -77,8 +82,8 @@ pub fn check_direct(dir: &Path) -> Result<(), IoError> {
 }
 
 impl SwapFile {
-    /// Creates (or replaces) `path`, `len` bytes (a multiple of [`ALIGN`]), preallocated,
-    /// with `workers` I/O threads issuing `block`-byte requests.
+    /// Creates `path`, `len` bytes (a multiple of [`ALIGN`]), preallocated and unlinked at
+    /// once, with `workers` I/O threads issuing `block`-byte requests.
     pub fn create(path: &Path, len: u64, workers: usize, block: usize) -> Result<Self, IoError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -88,7 +93,9 @@ impl SwapFile {
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .map_err(os("creating with O_DIRECT", path))?;
-        zero_sys::fs::preallocate(&file, len).map_err(os("preallocating", path))?;
+        let sized = zero_sys::fs::preallocate(&file, len).map_err(os("preallocating", path));
+        std::fs::remove_file(path).map_err(os("unlinking the open swap file", path))?;
+        sized?;
         let file = Arc::new(file);
         let (jobs, rx) = unbounded::<Job>();
         let (tx, done) = unbounded::<Done>();
@@ -132,7 +139,13 @@ impl SwapFile {
         })
     }
 
-    /// Its path.
+    /// The same file, named `path` in messages from now on.
+    pub fn renamed(mut self, path: PathBuf) -> Self {
+        self.path = path;
+        self
+    }
+
+    /// The path it was created at (unlinked since).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -278,6 +291,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         check_direct(&dir).unwrap();
         let mut f = SwapFile::create(&dir.join("s.bin"), 64 * ALIGN as u64, 3, 2 * ALIGN).unwrap();
+        // Unlinked at once: nothing is left in the folder whatever happens next.
+        assert!(!dir.join("s.bin").exists());
         let mut a = AlignedBuf::new(16 * ALIGN);
         for (i, b) in a.as_mut_slice().iter_mut().enumerate() {
             *b = (i % 251) as u8;

@@ -322,14 +322,14 @@ impl Offload {
 }
 
 impl Drop for Offload {
-    /// The swap file is scratch: it goes with the engine (checkpoints hold the state).
+    /// The swap file is scratch (unlinked since it was created; checkpoints hold the
+    /// state): it goes with the engine, and so does its folder when empty.
     fn drop(&mut self) {
         self.uncache();
         if let Store::Nvme { file, .. } = &self.store {
             let path = file.path().to_path_buf();
             // Closing first: the I/O thread is joined when the store goes.
             self.store = Store::Host(Vec::new());
-            let _ = std::fs::remove_file(&path);
             if let Some(dir) = path.parent() {
                 let _ = std::fs::remove_dir(dir);
             }

@@ -268,12 +268,12 @@ impl ParamTier {
 }
 
 impl Drop for ParamTier {
-    /// The swap file is scratch: it goes with the engine.
+    /// The swap file is scratch (unlinked since it was created): it goes with the engine,
+    /// and so does its folder when empty.
     fn drop(&mut self) {
         if let Store::Nvme { file, .. } = &self.store {
             let path = file.path().to_path_buf();
             self.store = Store::Host(Vec::new());
-            let _ = std::fs::remove_file(&path);
             if let Some(dir) = path.parent() {
                 let _ = std::fs::remove_dir(dir);
             }

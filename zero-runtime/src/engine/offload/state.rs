@@ -236,15 +236,10 @@ impl Offload {
                 buffers.extend(buf.filter(|b| !b.is_empty()));
                 self.pipeline.refill(buffers);
                 if let Some(new) = nvme {
+                    // Both files are unlinked: the old one's space goes with it.
                     let live = file.path().to_path_buf();
-                    std::fs::rename(new.path(), &live).map_err(|e| {
-                        EngineError::Device(format!(
-                            "renaming {} into place: {e}",
-                            new.path().display()
-                        ))
-                    })?;
-                    *file = new;
                     debug_assert!(live.ends_with(SWAP_FILE));
+                    *file = new.renamed(live);
                 }
             }
         }
@@ -261,11 +256,7 @@ impl Offload {
             buffers.extend(buf.filter(|b| !b.is_empty()));
             self.pipeline.refill(buffers);
         }
-        if let Some(f) = nvme {
-            let path = f.path().to_path_buf();
-            drop(f);
-            let _ = std::fs::remove_file(path);
-        }
+        drop(nvme);
     }
 
     /// A host copy's bytes leave the arena (the old arrays are freed with it).

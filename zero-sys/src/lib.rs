@@ -7,6 +7,8 @@ pub mod ipc;
 mod loader;
 pub mod nccl;
 pub mod nvrtc;
+#[cfg(feature = "python")]
+pub mod python;
 
 pub use loader::{load_library, LoadError, LoadedLibrary};
 

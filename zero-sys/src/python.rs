@@ -1,0 +1,94 @@
+//! The bytes of a Python framework's CPU tensor (PyTorch's), reached through its public
+//! API: `device`, `is_contiguous()`, `data_ptr()` and `nbytes`. Nothing of the framework's
+//! internals is read and nothing is linked: the tensor is a Python object.
+//!
+//! [`HostTensor`] holds the tensor object (so its memory stays alive) and a GIL token (so
+//! no Python code runs, and nothing resizes or frees the storage, while it copies). Its
+//! bytes are only copied in and out, never borrowed.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// A contiguous CPU tensor's memory, for copies.
+#[derive(Debug)]
+pub struct HostTensor<'py> {
+    _tensor: Bound<'py, PyAny>,
+    addr: usize,
+    nbytes: usize,
+}
+
+impl<'py> HostTensor<'py> {
+    /// The memory of `tensor`: an error naming the problem unless it is a contiguous tensor
+    /// on the CPU.
+    pub fn of(tensor: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let device: String = tensor.getattr("device")?.getattr("type")?.extract()?;
+        if device != "cpu" {
+            return Err(PyValueError::new_err(format!(
+                "expected a CPU tensor, got one on {device}"
+            )));
+        }
+        let contiguous: bool = tensor.call_method0("is_contiguous")?.extract()?;
+        if !contiguous {
+            return Err(PyValueError::new_err(
+                "expected a contiguous tensor (call .contiguous() first)",
+            ));
+        }
+        let addr: usize = tensor.call_method0("data_ptr")?.extract()?;
+        let nbytes: usize = tensor.getattr("nbytes")?.extract()?;
+        if nbytes > 0 && addr == 0 {
+            return Err(PyValueError::new_err(
+                "the tensor has no storage (it was freed): gather it first",
+            ));
+        }
+        Ok(HostTensor {
+            _tensor: tensor.clone(),
+            addr,
+            nbytes,
+        })
+    }
+
+    /// Bytes it holds.
+    pub fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    fn check(&self, what: &str, n: usize) -> PyResult<()> {
+        if n == self.nbytes {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err(format!(
+                "{what}: the tensor holds {} bytes, {n} were given",
+                self.nbytes
+            )))
+        }
+    }
+
+    /// Copies the tensor's bytes into `dst` (exactly its length).
+    pub fn read(&self, dst: &mut [u8]) -> PyResult<()> {
+        self.check("reading a tensor", dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: a contiguous CPU tensor's data_ptr() addresses nbytes valid bytes while
+        // the tensor lives (held in `_tensor`) and its storage is not resized (no Python
+        // code runs while the GIL, which `'py` proves held, is not released); the range
+        // cannot overlap `dst`, which Rust owns. Only a copy is made; no reference to the
+        // tensor's memory escapes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.addr as *const u8, dst.as_mut_ptr(), dst.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `src` (exactly the tensor's length) into the tensor.
+    pub fn write(&self, src: &[u8]) -> PyResult<()> {
+        self.check("writing a tensor", src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `read`, with the roles swapped; the tensor's memory is writable
+        // (a tensor's storage always is).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as *mut u8, src.len()) };
+        Ok(())
+    }
+}

@@ -1,0 +1,358 @@
+"""The hooks that drive the engine from PyTorch's forward and backward.
+
+Per module that holds parameters:
+
+- forward pre-hook: the units it uses are gathered (stage 3: ``fetch``, then the values
+  copied into freshly allocated parameter storage);
+- forward hook: they are released (stage 3: ``release``, the storage dropped) and, when a
+  backward can follow, every output that needs a gradient gets a tensor hook: autograd
+  calls it with the output's gradient, just before the module's own backward runs, and it
+  gathers the units again.
+
+Per trainable parameter, a post-accumulate-grad hook hands the gradient to the engine as
+soon as autograd has it (and drops ``.grad``); once every trainable parameter of a unit has
+arrived as many times as in the first backward, the unit's gradients are ready and its
+bucket's reduction starts while backward goes on. One callback at the end of backward
+declares the rest ready (parameters that got no gradient count as zero) and releases what
+is still gathered.
+
+During backward nothing is released by the forward hooks: activation checkpointing runs
+forward again inside backward (non-reentrant recompute, or reentrant segments), and what
+it gathers stays until the unit's gradients are done.
+
+The first forward only records the order in which units are first used; the engine is
+built at its end (parameters are registered in that order) and the first backward's
+gradient counts are recorded for the later ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ._model import Param, Registry, Unit
+from .errors import OrderError, UnsupportedError
+
+
+def _tensors_in(obj: Any) -> List[torch.Tensor]:
+    """Every tensor in a module's output (tensors, tuples, lists, dicts, dataclasses)."""
+    found: List[torch.Tensor] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+        elif hasattr(x, "__dataclass_fields__"):
+            for name in x.__dataclass_fields__:
+                walk(getattr(x, name, None))
+
+    walk(obj)
+    return found
+
+
+class Runtime:
+    """The state the hooks share: the registry, the native engine (once built) and where
+    the micro-step is."""
+
+    def __init__(self, model: torch.nn.Module, registry: Registry, build: Callable[[List[Unit]], Any]):
+        self.model = model
+        self.reg = registry
+        self._build = build
+        self.native: Any = None
+        self.stage = 0
+        """The ZeRO stage (set before ``install``); below 3 parameters are always whole,
+        so the module hooks only record the order."""
+        self.stage3 = False
+        self.order: List[Unit] = []
+        self.in_backward = False
+        self.backward_ran = True
+        self.refs: Dict[int, int] = {}
+        self.filled: Dict[int, bool] = {u_id: True for u_id in range(len(registry.units))}
+        self.ready: Dict[int, bool] = {}
+        self.arrivals: Dict[int, int] = {}
+        self.expected: Optional[Dict[int, int]] = None
+        """Per trainable parameter (by ``id``): its gradients in the first backward."""
+        self.missing_at_start: Dict[int, int] = {}
+        self.missing: Dict[int, int] = {}
+        """Per unit that can complete early: trainable parameters still short of their
+        expected gradients in this backward."""
+        self.callback_queued = False
+        self.handles: List[Any] = []
+        self.pre_backward: Dict[int, Callable[[torch.Tensor], None]] = {}
+        """Per module (by ``id``): the hook its outputs get."""
+        self.empty: Dict[torch.dtype, torch.Tensor] = {}
+        """Per dtype: the one empty tensor every released parameter holds."""
+        self.param_count = sum(1 for _ in model.parameters())
+        self.micro_steps_done = 0
+        self.error: Optional[BaseException] = None
+
+    # ---- installation -------------------------------------------------------------
+
+    def install(self) -> None:
+        m = self.model
+        self.handles.append(m.register_forward_pre_hook(self._root_pre, prepend=True))
+        self.handles.append(m.register_forward_hook(self._root_post))
+        for module in m.modules():
+            if id(module) in self.reg.uses:
+                self.handles.append(module.register_forward_pre_hook(self._pre))
+                self.handles.append(module.register_forward_hook(self._post))
+        for info in self.reg.by_id.values():
+            if info.trainable_k is not None:
+                self.handles.append(
+                    info.param.register_post_accumulate_grad_hook(self._grad_hook)
+                )
+
+    # ---- building -----------------------------------------------------------------
+
+    def ensure_built(self) -> None:
+        """Builds the engine now (units never used so far follow in definition order)."""
+        if self.native is not None:
+            return
+        seen = {id(u) for u in self.order}
+        order = self.order + [u for u in self.reg.units if id(u) not in seen]
+        for i, u in enumerate(order):
+            u.index = i
+        self.order = order
+        self.native = self._build(order)
+        self.stage3 = self.stage == 3
+        for u in order:
+            for p in u.params:
+                p.persistent = self.native.param_persistent(u.index, p.k)
+            u.sharded = [p for p in u.params if not p.persistent]
+            u.sharded_numel = sum(p.numel for p in u.sharded)
+        if self.stage3:
+            for u in order:
+                self._drop(u)
+        self.ready = {u.index: False for u in order}
+
+    # ---- storage ------------------------------------------------------------------
+
+    def _fill(self, u: Unit) -> None:
+        """Stage 3: fresh storage for the unit's sharded parameters (one allocation for the
+        unit), holding the gathered values."""
+        sharded = u.sharded
+        if not sharded:
+            return
+        flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype)
+        at = 0
+        for p in sharded:
+            n = p.numel
+            p.param.data = flat[at:at + n].view(p.shape)
+            at += n
+        self.native.fill(u.index, [p.param.data for p in u.params])
+        self.filled[u.index] = True
+
+    def _drop(self, u: Unit) -> None:
+        """Stage 3: the unit's sharded parameters give their storage back."""
+        for p in u.sharded:
+            dtype = p.param.dtype
+            empty = self.empty.get(dtype)
+            if empty is None:
+                empty = self.empty[dtype] = torch.empty(0, dtype=dtype)
+            p.param.data = empty
+        self.filled[u.index] = False
+
+    def gather(self, u: Unit) -> None:
+        """Makes the unit's values available (a collective in stage 3)."""
+        self.native.fetch(u.index)
+        if self.stage3 and not self.filled[u.index]:
+            self._fill(u)
+
+    def scatter(self, u: Unit) -> None:
+        """The unit is done for now (stage 3 frees it)."""
+        self.native.release(u.index)
+        if self.stage3:
+            self._drop(u)
+
+    def write_back(self) -> None:
+        """After a step: torch's copies of the parameters the engine keeps whole get the
+        new values (all of them in stages 0-2; stage 3's persistent ones)."""
+        for u in self.order:
+            if self.stage3:
+                for p in u.params:
+                    if p.persistent:
+                        self.native.fill_param(u.index, p.k, p.param.data)
+            else:
+                self.native.fill(u.index, [p.param.data for p in u.params])
+
+    # ---- forward ------------------------------------------------------------------
+
+    def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.error is not None:
+            raise self.error
+        count = sum(1 for _ in self.model.parameters())
+        if count != self.param_count:
+            new = [n for n, p in self.model.named_parameters() if id(p) not in self.reg.by_id]
+            raise UnsupportedError(
+                f"the model has parameters it did not have at initialize(): {new}; "
+                "add parameters before calling zero_torch.initialize()"
+            )
+        if self.native is not None and not self.backward_ran:
+            # The last forward had no backward: what it gathered is freed, and it does
+            # not count as a pass.
+            self.native.abandon_pass()
+            if self.stage3:
+                for u in self.order:
+                    if self.filled.get(u.index):
+                        self._drop(u)
+            self.refs.clear()
+        self.backward_ran = False
+
+    def _root_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.native is None:
+            self.ensure_built()
+        if not torch.is_grad_enabled():
+            self.native.abandon_pass()
+            self.backward_ran = True
+            self.refs.clear()
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        units = self.reg.uses[id(module)]
+        if self.native is None:
+            for u in units:
+                if u not in self.order:
+                    self.order.append(u)
+            return
+        if not self.stage3:
+            return
+        for u in units:
+            if self.in_backward:
+                # Activation checkpointing's recompute: gathered until the unit's
+                # gradients are done.
+                if not self.filled.get(u.index) and not self.ready.get(u.index):
+                    self.gather(u)
+                continue
+            n = self.refs.get(u.index, 0)
+            if n == 0:
+                self.gather(u)
+            self.refs[u.index] = n + 1
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.stage < 3:
+            return
+        units = self.reg.uses[id(module)]
+        if self.native is not None and not self.in_backward:
+            for u in units:
+                n = self.refs.get(u.index, 1) - 1
+                self.refs[u.index] = n
+                if n == 0:
+                    self.scatter(u)
+        if not torch.is_grad_enabled():
+            return
+        hook = self.pre_backward.get(id(module))
+        if hook is None:
+            hook = self.pre_backward[id(module)] = self._pre_backward_hook(units)
+        for t in _tensors_in(output):
+            if t.requires_grad:
+                t.register_hook(hook)
+
+    def _pre_backward_hook(self, units: List[Unit]) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self.before_module_backward(units)
+
+        return hook
+
+    # ---- backward -----------------------------------------------------------------
+
+    def _enter_backward(self) -> None:
+        if not self.in_backward:
+            self.in_backward = True
+            self.backward_ran = True
+        if not self.callback_queued:
+            self.callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def before_module_backward(self, units: List[Unit]) -> None:
+        """A module's backward is next: its units are gathered (again, in stage 3)."""
+        self._enter_backward()
+        for u in units:
+            if self.ready.get(u.index):
+                continue
+            if self.stage3 and not self.filled.get(u.index):
+                self.native.fetch(u.index)
+                self._fill(u)
+
+    def _grad_hook(self, param: torch.Tensor) -> None:
+        try:
+            self._take_grad(param)
+        except BaseException as e:  # autograd would hide the cause in a chain; keep it
+            self.error = e
+            raise
+
+    def _take_grad(self, param: torch.Tensor) -> None:
+        self._enter_backward()
+        info: Param = self.reg.by_id[id(param)]
+        u = self.reg.units[info.unit]
+        grad = param.grad
+        if grad is None:
+            return
+        pid = id(param)
+        n = self.arrivals.get(pid, 0)
+        if self.ready.get(u.index):
+            raise OrderError(
+                f"parameter {info.name} received its gradient {n + 1} times in this "
+                f"backward, more than the {n} of the first backward (a parameter used in "
+                "more reentrant checkpoint segments than before?); its bucket was already "
+                "reduced"
+            )
+        if grad.layout != torch.strided or not grad.is_contiguous():
+            grad = grad.contiguous()
+        self.native.put_grad(u.index, info.trainable_k, grad, n == 0)
+        self.arrivals[pid] = n + 1
+        param.grad = None
+        if self.expected is not None and n + 1 == self.expected[pid]:
+            left = self.missing.get(u.index)
+            if left is not None:
+                self.missing[u.index] = left - 1
+                if left == 1:
+                    self._unit_ready(u)
+
+    def _unit_ready(self, u: Unit) -> None:
+        self.native.grads_ready(u.index)
+        self.ready[u.index] = True
+        if self.stage3 and self.filled.get(u.index):
+            self.scatter(u)
+
+    def _end_of_backward(self) -> None:
+        try:
+            if self.expected is None:
+                self.expected = {
+                    id(p.param): self.arrivals.get(id(p.param), 0)
+                    for u in self.order
+                    for p in u.trainable
+                }
+                # A unit is complete early once each of its trainable parameters got as
+                # many gradients as in this backward; one that got none waits for the end.
+                self.missing_at_start = {
+                    u.index: len(u.trainable)
+                    for u in self.order
+                    if u.trainable and all(self.expected[id(p.param)] > 0 for p in u.trainable)
+                }
+            for u in reversed(self.order):
+                if u.trainable and not self.ready.get(u.index):
+                    self._unit_ready(u)
+            for u in self.order:
+                if self.stage3 and self.filled.get(u.index):
+                    self.scatter(u)
+            self.micro_steps_done += 1
+        finally:
+            self.arrivals.clear()
+            self.missing = dict(self.missing_at_start)
+            self.ready = {u.index: False for u in self.order}
+            self.refs.clear()
+            self.in_backward = False
+            self.callback_queued = False
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+Sizes = Tuple[int, ...]

@@ -1,0 +1,23 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod checkpoint;
+mod engine;
+mod errors;
+mod tensors;
+
+use pyo3::prelude::*;
+
+/// The extension module `zero_torch._native`: the engine and the exception types. The
+/// Python package `zero_torch` (python/zero_torch) is the API scripts use.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<engine::NativeEngine>()?;
+    m.add_function(wrap_pyfunction!(engine::launch_info, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::read_fp32_state, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::read_client_state, m)?)?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,160 @@
+"""Bad input gets an exception that names the problem, and leaves the process usable:
+configs, calls out of order, models zero_torch cannot take, arguments it does not support,
+an fp16 overflow (the step is skipped, nothing changes), and, across processes, a rank that
+dies or builds another model (every other rank raises within seconds instead of hanging).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+import torch
+
+import models
+import workers
+import zero_torch
+
+
+def toy_engine(pattern: str = "plain", **overrides: Any) -> zero_torch.ZeroEngine:
+    cfg = workers.toy_config(1, 1, 4)
+    cfg.update(overrides)
+    engine, _, _, _ = zero_torch.initialize(model=models.Toy(pattern), config=cfg)
+    return engine
+
+
+def one_step(engine: zero_torch.ZeroEngine, scale: float = 1.0) -> torch.Tensor:
+    x, y = models.regression(1, 4)[0]
+    dtype = next(engine.module.parameters()).dtype  # inputs in the model's dtype, as in DeepSpeed
+    loss = engine(x.to(dtype), y.to(dtype)) * scale
+    engine.backward(loss)
+    engine.step()
+    return loss
+
+
+def test_misspelt_key_is_named_with_a_suggestion() -> None:
+    cfg = workers.toy_config(2, 1, 4)
+    cfg["zero_optimization"]["reduce_bucket_sise"] = 100
+    with pytest.raises(zero_torch.ConfigError, match=r"reduce_bucket_sise.*reduce_bucket_size"):
+        zero_torch.initialize(model=models.Toy(), config=cfg)
+    # The process is still usable: the next engine trains.
+    assert torch.isfinite(one_step(toy_engine()))
+
+
+def test_inconsistent_batch_sizes_are_named() -> None:
+    cfg = workers.toy_config(2, 1, 4)
+    cfg["train_micro_batch_size_per_gpu"] = 3
+    with pytest.raises(zero_torch.ConfigError, match="train_batch_size"):
+        zero_torch.initialize(model=models.Toy(), config=cfg)
+
+
+def test_config_given_twice_or_not_at_all() -> None:
+    with pytest.raises(zero_torch.ConfigError, match="no DeepSpeed config"):
+        zero_torch.initialize(model=models.Toy())
+    cfg = workers.toy_config(1, 1, 4)
+    with pytest.raises(zero_torch.ConfigError, match="more than once"):
+        zero_torch.initialize(model=models.Toy(), config=cfg, config_params=cfg)
+
+
+def test_config_file_that_is_not_json(tmp_path: Any) -> None:
+    bad = tmp_path / "ds_config.json"
+    bad.write_text("{ not json")
+    with pytest.raises(zero_torch.ConfigError, match="not valid JSON"):
+        zero_torch.initialize(model=models.Toy(), config=str(bad))
+
+
+def test_step_before_backward() -> None:
+    engine = toy_engine()
+    with pytest.raises(zero_torch.OrderError, match="before backward"):
+        engine.step()
+
+
+def test_backward_twice_before_step() -> None:
+    engine = toy_engine()
+    x, y = models.regression(1, 4)[0]
+    engine.backward(engine(x, y))
+    with pytest.raises(zero_torch.OrderError, match="before step"):
+        engine.backward(engine(x, y))
+
+
+def test_parameter_added_after_initialize() -> None:
+    engine = toy_engine()
+    one_step(engine)
+    engine.module.extra = torch.nn.Linear(2, 2)
+    with pytest.raises(zero_torch.UnsupportedError, match="extra.weight"):
+        one_step(engine)
+
+
+def test_model_without_parameters() -> None:
+    with pytest.raises(ValueError, match="no parameters"):
+        zero_torch.initialize(model=torch.nn.ReLU(), config=workers.toy_config(1, 1, 4))
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"mpu": object()}, "mpu="),
+        ({"optimizer": "sgd"}, "optimizer="),
+        ({"lr_scheduler": object()}, "lr_scheduler="),
+        ({"mesh_param": (2, 1)}, "mesh_param="),
+    ],
+)
+def test_unsupported_arguments_are_named(kwargs: Dict[str, Any], named: str) -> None:
+    with pytest.raises(zero_torch.UnsupportedError, match=named):
+        zero_torch.initialize(model=models.Toy(), config=workers.toy_config(1, 1, 4), **kwargs)
+
+
+def test_torch_optimizer_other_than_adam() -> None:
+    model = models.Toy()
+    cfg = workers.toy_config(1, 1, 4)
+    del cfg["optimizer"]
+    with pytest.raises(zero_torch.UnsupportedError, match="SGD"):
+        zero_torch.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=cfg)
+
+
+def test_torch_adamw_is_adopted() -> None:
+    model = models.Toy()
+    cfg = workers.toy_config(1, 1, 4)
+    del cfg["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
+    engine, optimizer, _, _ = zero_torch.initialize(model=model, optimizer=opt, config=cfg)
+    assert engine.get_lr() == [pytest.approx(3e-3)]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(3e-3)
+    with pytest.raises(zero_torch.ConfigError, match="pass only one"):
+        zero_torch.initialize(model=models.Toy(), optimizer=torch.optim.AdamW(models.Toy().parameters()), config=workers.toy_config(1, 1, 4))
+
+
+def test_fp16_overflow_skips_the_step_and_changes_nothing() -> None:
+    cfg = workers.toy_config(3, 1, 4, dtype="fp16")
+    engine, _, _, _ = zero_torch.initialize(model=models.Toy(), config=cfg)
+    one_step(engine)
+    assert engine.was_step_applied()
+    before = workers.gathered(engine)
+    scale = engine._native.loss_scale()
+    for overflow in (1, 2):
+        one_step(engine, scale=float("inf"))
+        assert not engine.was_step_applied()
+        after = workers.gathered(engine)
+        for n in before:
+            assert torch.equal(before[n], after[n]), f"{n} changed in a skipped step"
+    # DeepSpeed's default hysteresis (2): the scale halves at the second overflow in a row.
+    assert engine._native.loss_scale() == scale / 2
+    one_step(engine)
+    assert engine.was_step_applied()
+
+
+def test_a_killed_rank_raises_on_the_others_within_seconds(job: Any) -> None:
+    results = job(2, "killed_mid_collective", {"stage": 3}, timeout=300, kill_rank=1, kill_after=0.5)
+    r = results[0]
+    assert r.get("raised") == "CommError", r
+    assert "rank 1" in r["message"], r["message"]
+    print(f"rank 0 raised {r['raised']} {r['after']:.2f} s after rank 1 was killed: {r['message'][:200]}")
+    assert r["after"] < 30
+
+
+def test_a_rank_with_another_model_fails_every_rank(job: Any) -> None:
+    results = job(2, "mismatched_model", {}, timeout=300)
+    for rank, r in enumerate(results):
+        assert r.get("raised") is not None, f"rank {rank} did not raise: {r}"
+        assert r["after"] < 30, r
+    print("; ".join(f"rank {k}: {r['raised']}: {r['message'][:160]}" for k, r in enumerate(results)))

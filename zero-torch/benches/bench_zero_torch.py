@@ -3,14 +3,16 @@
     PYTHONPATH=<zero_torch and torch> python3 zero-torch/benches/bench_zero_torch.py [--only NAME]
 
 - ``vs-deepspeed``: ``examples/train_gpt2.py`` on 2 processes, zero and DeepSpeed itself
-  (``DS_ACCELERATOR=cpu``, gloo, ``torch.optim.AdamW``), stages 0-3: median step time and
-  each rank's peak RSS.
+  (``DS_ACCELERATOR=cpu``, gloo, ``torch.optim.AdamW``), stages 0-3: median step time,
+  each rank's peak and final RSS, and what torch storage holds of the parameters at rest.
 - ``overhead``: one process, the same GPT-2 in a plain PyTorch loop (``torch.optim.AdamW``)
   against zero at stages 0 and 3: median step time.
 - ``hooks``: one process, a stack of tiny ``Linear`` layers, so that the per-module work
   of the hooks dominates: zero's time per module per step above plain PyTorch's.
 
-Speed is measured here, not in tests (one warm-up, then the median).
+Speed is measured here, not in tests (three warm-up steps, then the median). The
+one-process loops run on one thread everywhere: torch's (``torch.set_num_threads(1)``) and
+zero's (``RAYON_NUM_THREADS=1``, set before zero_torch is imported).
 """
 
 from __future__ import annotations
@@ -60,23 +62,25 @@ def vs_deepspeed(steps: int, width: int, layers: int) -> None:
             "--precision", "fp32"]
     print(f"\nGPT-2 width {width}, {layers} layers, seq 64, global batch 32 (micro 8 x 2 accumulation), "
           f"fp32, 2 processes, {steps} steps (median of the last 80%)\n")
-    print("| stage | zero ms/step | DeepSpeed ms/step | DeepSpeed / zero | zero peak RSS (MiB, ranks) | DeepSpeed peak RSS | final loss zero / DeepSpeed |")
-    print("|---|---|---|---|---|---|---|")
+    print("| stage | zero ms/step | DeepSpeed ms/step | DeepSpeed / zero | zero RSS peak / at the end (MiB, ranks 0, 1) | DeepSpeed RSS peak / at the end | zero: torch param storage at rest / engine model states (MiB, rank 0) | final loss zero / DeepSpeed |")
+    print("|---|---|---|---|---|---|---|---|")
     for stage in (0, 1, 2, 3):
         row: Dict[str, Tuple[float, List[float], float]] = {}
         for engine in ("zero", "deepspeed"):
             outs = launch(2, size + ["--stage", str(stage), "--engine", engine])
             ms = float(re.search(r"median step ([\d.]+) ms", outs[0]).group(1))
             loss = float(re.search(r"final smoothed loss ([\d.]+)", outs[0]).group(1))
-            rss = [float(re.search(r"peak RSS (\d+) MiB", o).group(1)) for o in outs]
-            row[engine] = (ms, rss, loss)
+            rss = [tuple(map(float, re.search(r"peak RSS (\d+) MiB, now (\d+) MiB", o).groups())) for o in outs]
+            held = re.search(r"rank 0: .*torch storage at rest ([\d.]+) MiB(?:; engine model states ([\d.]+) MiB)?", "\n".join(outs))
+            row[engine] = (ms, rss, loss, held.group(1), held.group(2))
         z, d = row["zero"], row["deepspeed"]
-        print(f"| {stage} | {z[0]:.1f} | {d[0]:.1f} | {d[0] / z[0]:.2f} | {'/'.join(f'{x:.0f}' for x in z[1])} | "
-              f"{'/'.join(f'{x:.0f}' for x in d[1])} | {z[2]:.4f} / {d[2]:.4f} |", flush=True)
+        print(f"| {stage} | {z[0]:.1f} | {d[0]:.1f} | {d[0] / z[0]:.2f} | {', '.join(f'{a:.0f}/{b:.0f}' for a, b in z[1])} | "
+              f"{', '.join(f'{a:.0f}/{b:.0f}' for a, b in d[1])} | {z[3]} / {z[4]} | {z[2]:.4f} / {d[2]:.4f} |", flush=True)
 
 
 def _median_step(step, n: int) -> float:
-    step()
+    for _ in range(3):
+        step()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -169,8 +173,9 @@ def _ds_config(stage: int, batch: int, persistence: int) -> Dict:
 
 def _phases(fwd_bwd, step, n: int) -> Tuple[float, float]:
     """Median seconds of ``fwd_bwd()`` and of ``step()`` over ``n`` steps (one warm-up)."""
-    fwd_bwd()
-    step()
+    for _ in range(3):
+        fwd_bwd()
+        step()
     a, b = [], []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -232,6 +237,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     args = ap.parse_args()
+    os.environ["RAYON_NUM_THREADS"] = "1"
     import platform
 
     print(f"# zero-torch benchmarks, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "

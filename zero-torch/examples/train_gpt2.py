@@ -126,10 +126,17 @@ def main() -> None:
     if rank == 0:
         print(f"median step {steady[len(steady) // 2] * 1000:.1f} ms; final smoothed loss {loss_avg:.4f} "
               f"(gap to the floor {loss_avg - floor:.4f})", flush=True)
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"rank {rank}: peak RSS {peak:.0f} MiB", flush=True)
+    # This process's own peak and current RSS (VmHWM, VmRSS: getrusage's ru_maxrss keeps
+    # the high-water mark of the process that started it, across exec).
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    peak, now = (int(status[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS"))
+    # What torch storage holds of the parameters now, at rest (under zero stage 3: only the
+    # persistent ones), next to the engine's own count of its model states.
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    line = f"rank {rank}: peak RSS {peak:.0f} MiB, now {now:.0f} MiB; parameters in torch storage at rest {sum(storages.values()) / 2**20:.2f} MiB"
+    if hasattr(engine, "memory_report"):
+        line += f"; engine model states {engine.memory_report()['model_states'] / 2**20:.2f} MiB"
+    print(line, flush=True)
     if args.save:
         engine.save_checkpoint(args.save)
         engine.save_16bit_model(os.path.join(args.save, "hf"), "model.safetensors")

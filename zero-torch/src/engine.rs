@@ -327,22 +327,6 @@ impl NativeEngine {
         Ok(self.lock()?.step_counts())
     }
 
-    /// The config as resolved, as JSON text (every "auto" filled in).
-    fn config_json(&self) -> PyResult<String> {
-        let e = self.lock()?;
-        let c = e.config();
-        Ok(serde_json::json!({
-            "train_batch_size": c.train_batch_size,
-            "train_micro_batch_size_per_gpu": c.micro_batch_per_rank,
-            "gradient_accumulation_steps": c.gradient_accumulation_steps,
-            "gradient_clipping": c.gradient_clipping,
-            "stage": c.zero.stage,
-            "gather_16bit_weights_on_model_save": c.zero.gather_16bit_weights_on_model_save,
-            "notes": c.notes,
-        })
-        .to_string())
-    }
-
     /// The engine's memory report: bytes per category on this rank.
     fn memory_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let r = self.lock()?.memory_report();

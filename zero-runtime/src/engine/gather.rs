@@ -103,14 +103,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// parameters at or under `stage3_param_persistence_threshold`, and frozen ones, whole;
     /// stages 0–2 keep every parameter whole).
     pub fn param_persistent(&self, m: usize, k: usize) -> Result<bool, EngineError> {
-        let module = self.module(m)?;
-        if k >= module.params.len() {
-            return Err(EngineError::GradShape {
-                module: module.name.clone(),
-                detail: format!("no parameter {k}: the module has {}", module.params.len()),
-            });
-        }
-        Ok(match self.plan.locs[self.first_param[m] + k] {
+        Ok(match self.plan.locs[self.param_id(m, k)?] {
             crate::plan::ParamLoc::Frozen { .. } => true,
             crate::plan::ParamLoc::Bucket { bucket, .. } => !self.params_sharded(bucket),
         })

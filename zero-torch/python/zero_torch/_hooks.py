@@ -60,15 +60,14 @@ class Runtime:
     """The state the hooks share: the registry, the native engine (once built) and where
     the micro-step is."""
 
-    def __init__(self, model: torch.nn.Module, registry: Registry, build: Callable[[List[Unit]], Any]):
+    def __init__(self, model: torch.nn.Module, registry: Registry, build: Callable[[List[Unit]], Any], stage: int):
         self.model = model
         self.reg = registry
         self._build = build
         self.native: Any = None
-        self.stage = 0
-        """The ZeRO stage (set before ``install``); below 3 parameters are always whole,
-        so the module hooks only record the order."""
-        self.stage3 = False
+        self.stage3 = stage == 3
+        """Below stage 3 parameters are always whole, so the module hooks only record the
+        order."""
         self.order: List[Unit] = []
         self.in_backward = False
         self.backward_ran = True
@@ -120,7 +119,6 @@ class Runtime:
             u.index = i
         self.order = order
         self.native = self._build(order)
-        self.stage3 = self.stage == 3
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
@@ -234,7 +232,7 @@ class Runtime:
             self.refs[u.index] = n + 1
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self.stage < 3:
+        if not self.stage3:
             return
         units = self.reg.uses[id(module)]
         if self.native is not None and not self.in_backward:
@@ -272,11 +270,8 @@ class Runtime:
         """A module's backward is next: its units are gathered (again, in stage 3)."""
         self._enter_backward()
         for u in units:
-            if self.ready.get(u.index):
-                continue
-            if self.stage3 and not self.filled.get(u.index):
-                self.native.fetch(u.index)
-                self._fill(u)
+            if self.stage3 and not self.ready.get(u.index) and not self.filled.get(u.index):
+                self.gather(u)
 
     def _grad_hook(self, param: torch.Tensor) -> None:
         try:

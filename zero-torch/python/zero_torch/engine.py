@@ -59,8 +59,7 @@ class ZeroEngine:
         self.local_rank: int = local
         self.device = torch.device("cpu")
         self._registry: Registry = register(model, trained)
-        self._runtime = Runtime(model, self._registry, self._build)
-        self._runtime.stage = int(resolved["stage"])
+        self._runtime = Runtime(model, self._registry, self._build, int(resolved["stage"]))
         self._runtime.install()
         self.micro_steps = 0
         self._last_step: Optional[Dict[str, Any]] = None

@@ -64,8 +64,7 @@ class GatheredParameters:
                 self._units.append(u)
         for u in sorted(self._units, key=lambda u: u.index):
             if rt.stage3 and not rt.filled.get(u.index):
-                rt.native.fetch(u.index)
-                rt._fill(u)
+                rt.gather(u)
         return self
 
     def __exit__(self, *exc: Any) -> None:

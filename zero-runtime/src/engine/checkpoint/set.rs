@@ -31,6 +31,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.world
             )));
         }
+        // Where each parameter's values sit in the one broadcast buffer.
+        let mut offsets = vec![None; self.param_count()];
         let mut total = 0;
         for (id, v) in &values {
             if *id >= self.param_count() {
@@ -46,6 +48,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     detail: format!("{} values for {} elements", v.len(), spec.numel()),
                 });
             }
+            offsets[*id] = Some(total);
             total += v.len();
         }
         // Rank root's values to every rank, in one broadcast.
@@ -59,12 +62,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let work = self.issue(|c| &mut c.control, |comm| comm.broadcast(flat, root))?;
         let flat = work.wait()?;
-        let mut offsets = vec![None; self.param_count()];
-        let mut at = 0;
-        for (id, v) in &values {
-            offsets[*id] = Some(at);
-            at += v.len();
-        }
         for b in 0..self.buckets.len() {
             let start = self.opt_start(b)?;
             for piece in self.held_pieces(b)? {

@@ -129,6 +129,7 @@ fn zero_torch_passes_its_python_tests() {
                 "-m",
                 "pytest",
                 "-q",
+                "-rs",
                 "-p",
                 "no:cacheprovider",
                 "--durations=15",

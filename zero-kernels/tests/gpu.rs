@@ -384,3 +384,117 @@ fn pinned_uploads_and_downloads_move_bits() {
     pinned_case::<f16>(g, &mut rng);
     pinned_case::<bf16>(g, &mut rng);
 }
+
+/// Copies between our buffers and memory another library owns (a PyTorch tensor), with
+/// that library's stream: the "tensor" here is a buffer written asynchronously on a
+/// second stream, so a missing event in either direction reads or returns stale values.
+fn foreign_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
+    use zero_kernels::cuda::ForeignSlice;
+    let ours = g.new_stream().unwrap();
+    let theirs = g.new_stream().unwrap();
+    let owner = ours
+        .borrow_foreign(theirs.cuda().cu_stream() as usize as u64)
+        .unwrap();
+    for n in LENGTHS {
+        let mut x: Vec<T> = wide_vec(rng, n).into_iter().map(T::from_f32).collect();
+        plant_non_finite(rng, &mut x);
+        let base: Vec<T> = random_vec(rng, n, -50.0, 50.0);
+        // Their tensor: poisoned, then overwritten by a copy queued on their stream only.
+        let staged = theirs.upload(&x).unwrap();
+        let mut tensor = theirs.upload(&vec![poison::<T>(); n.max(1)]).unwrap();
+        theirs.copy(&staged, 0..n, &mut tensor, 0).unwrap();
+        let (addr, guard) = tensor.read_addr(theirs.cuda());
+        drop(guard);
+        let slice = ForeignSlice {
+            addr,
+            len: n,
+            dtype: T::DTYPE,
+        };
+        // In: a plain copy into an offset of a poisoned buffer.
+        let mut buf = ours.upload(&vec![poison::<T>(); n + 3]).unwrap();
+        ours.crossing(&owner, |s| s.copy_from_foreign(&slice, &mut buf, 3))
+            .unwrap();
+        let got: Vec<T> = ours.download(&buf, 3..n + 3).unwrap();
+        assert!(
+            got.iter().zip(&x).all(|(a, b)| same(*a, *b)),
+            "copy from a tensor {} n={n}",
+            T::SUFFIX
+        );
+        // In: added into a gradient (the host collectives' sum and rounding).
+        let mut acc = ours.upload(&base).unwrap();
+        ours.crossing(&owner, |s| s.add_from_foreign(&slice, &mut acc, 0))
+            .unwrap();
+        let want = reduce_reference(&[base.clone(), x.clone()], Combine::Sum);
+        let got: Vec<T> = ours.download(&acc, 0..n).unwrap();
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| same(*a, *b)),
+            "add from a tensor {} n={n}",
+            T::SUFFIX
+        );
+        // Out: into a second tensor of theirs, read back on their stream.
+        let out = theirs.upload(&vec![poison::<T>(); n.max(1)]).unwrap();
+        let (out_addr, guard) = out.read_addr(theirs.cuda());
+        drop(guard);
+        let out_slice = ForeignSlice {
+            addr: out_addr,
+            len: n,
+            dtype: T::DTYPE,
+        };
+        ours.crossing(&owner, |s| s.copy_to_foreign(&acc, 0..n, &out_slice))
+            .unwrap();
+        let back: Vec<T> = theirs.download(&out, 0..n).unwrap();
+        assert!(
+            back.iter().zip(&want).all(|(a, b)| same(*a, *b)),
+            "copy into a tensor {} n={n}",
+            T::SUFFIX
+        );
+        // A wrong length or dtype is an error naming it, and writes nothing.
+        let short = ForeignSlice {
+            len: n + 1,
+            ..slice
+        };
+        assert!(
+            ours.crossing(&owner, |s| s.copy_from_foreign(&short, &mut acc, 0))
+                .is_err(),
+            "a tensor of {} elements was taken for {n}",
+            n + 1
+        );
+        assert!(
+            ours.crossing(&owner, |s| s.copy_to_foreign(&acc, 0..n, &short))
+                .is_err(),
+            "{n} elements were written into a tensor of {}",
+            n + 1
+        );
+        let other = if T::DTYPE == zero_kernels::DType::F32 {
+            zero_kernels::DType::BF16
+        } else {
+            zero_kernels::DType::F32
+        };
+        let wrong = ForeignSlice {
+            dtype: other,
+            ..slice
+        };
+        let e = ours
+            .crossing(&owner, |s| s.add_from_foreign(&wrong, &mut acc, 0))
+            .unwrap_err();
+        assert!(e.to_string().contains(&other.to_string()), "{e}");
+        let got: Vec<T> = ours.download(&acc, 0..n).unwrap();
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| same(*a, *b)),
+            "a refused copy wrote"
+        );
+    }
+    // The legacy default stream (PyTorch's default current stream) borrows too.
+    ours.borrow_foreign(0).unwrap();
+}
+
+#[test]
+fn foreign_tensors_cross_in_both_directions_with_events() {
+    let Some(g) = gpu_or_skip("foreign tensors") else {
+        return;
+    };
+    let mut rng = seeded("gpu foreign tensors");
+    foreign_case::<f32>(g, &mut rng);
+    foreign_case::<f16>(g, &mut rng);
+    foreign_case::<bf16>(g, &mut rng);
+}

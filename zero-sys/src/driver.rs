@@ -115,3 +115,39 @@ pub fn version() -> Result<(i32, i32), String> {
     }
     Ok((v / 1000, v % 1000 / 10))
 }
+
+/// Borrows the CUDA stream `handle` that another library owns (PyTorch's
+/// `torch.cuda.current_stream().cuda_stream`), to order work with it through events.
+/// `0` is the legacy default stream. The stream must belong to `ctx` (checked with
+/// `cuStreamGetCtx`: an error names both contexts otherwise), and its owner must keep it
+/// alive while the returned handle is used; dropping the handle never destroys it.
+pub fn borrow_stream(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    handle: u64,
+) -> Result<std::sync::Arc<cudarc::driver::CudaStream>, String> {
+    use cudarc::driver::sys;
+    ctx.bind_to_thread()
+        .map_err(|e| format!("binding the context: {e:?}"))?;
+    let stream = handle as usize as sys::CUstream;
+    if handle != 0 {
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: cuStreamGetCtx(CUstream, CUcontext*) writes one handle to the live local
+        // `owner`; the stream handle is the owner's live stream (the documented contract),
+        // and the driver rejects handles it does not know with an error code.
+        let rc = unsafe { sys::cuStreamGetCtx(stream, &mut owner) };
+        if rc != sys::cudaError_enum::CUDA_SUCCESS {
+            return Err(format!("stream {handle:#x} is not a CUDA stream: {rc:?}"));
+        }
+        if owner != ctx.cu_ctx() {
+            return Err(format!(
+                "stream {handle:#x} belongs to CUDA context {owner:?}, not to this GPU's \
+                 primary context {:?} (is the tensor on another GPU?)",
+                ctx.cu_ctx()
+            ));
+        }
+    }
+    // SAFETY: the stream belongs to `ctx` (checked above; 0 is the context's legacy default
+    // stream), its owner keeps it alive (the documented contract), and callers order their
+    // work with the owner's through events (zero-kernels' `ForeignStream`).
+    Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
+}

@@ -1,5 +1,5 @@
-//! The bytes of a Python framework's CPU tensor (PyTorch's), reached through its public
-//! API: `device`, `is_contiguous()`, `data_ptr()` and `nbytes`. Nothing of the framework's
+//! The memory of a Python framework's tensor (PyTorch's), reached through its public API:
+//! `device`, `is_contiguous()`, `data_ptr()` and `nbytes`. Nothing of the framework's
 //! internals is read and nothing is linked: the tensor is a Python object.
 //!
 //! [`HostTensor`] holds the tensor object (so its memory stays alive) and a GIL token (so
@@ -8,6 +8,34 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+/// `(data_ptr, nbytes, device index)` of a contiguous tensor on a device of type `want`
+/// (`"cpu"`, `"cuda"`): an error naming the problem otherwise.
+fn memory_of(tensor: &Bound<'_, PyAny>, want: &str) -> PyResult<(u64, usize, Option<usize>)> {
+    let device = tensor.getattr("device")?;
+    let kind: String = device.getattr("type")?.extract()?;
+    if kind != want {
+        return Err(PyValueError::new_err(format!(
+            "expected a {} tensor, got one on {kind}",
+            if want == "cpu" { "CPU" } else { "CUDA" }
+        )));
+    }
+    let index: Option<usize> = device.getattr("index")?.extract()?;
+    let contiguous: bool = tensor.call_method0("is_contiguous")?.extract()?;
+    if !contiguous {
+        return Err(PyValueError::new_err(
+            "expected a contiguous tensor (call .contiguous() first)",
+        ));
+    }
+    let addr: u64 = tensor.call_method0("data_ptr")?.extract()?;
+    let nbytes: usize = tensor.getattr("nbytes")?.extract()?;
+    if nbytes > 0 && addr == 0 {
+        return Err(PyValueError::new_err(
+            "the tensor has no storage (it was freed): gather it first",
+        ));
+    }
+    Ok((addr, nbytes, index))
+}
 
 /// A contiguous CPU tensor's memory, for copies.
 #[derive(Debug)]
@@ -21,28 +49,10 @@ impl<'py> HostTensor<'py> {
     /// The memory of `tensor`: an error naming the problem unless it is a contiguous tensor
     /// on the CPU.
     pub fn of(tensor: &Bound<'py, PyAny>) -> PyResult<Self> {
-        let device: String = tensor.getattr("device")?.getattr("type")?.extract()?;
-        if device != "cpu" {
-            return Err(PyValueError::new_err(format!(
-                "expected a CPU tensor, got one on {device}"
-            )));
-        }
-        let contiguous: bool = tensor.call_method0("is_contiguous")?.extract()?;
-        if !contiguous {
-            return Err(PyValueError::new_err(
-                "expected a contiguous tensor (call .contiguous() first)",
-            ));
-        }
-        let addr: usize = tensor.call_method0("data_ptr")?.extract()?;
-        let nbytes: usize = tensor.getattr("nbytes")?.extract()?;
-        if nbytes > 0 && addr == 0 {
-            return Err(PyValueError::new_err(
-                "the tensor has no storage (it was freed): gather it first",
-            ));
-        }
+        let (addr, nbytes, _) = memory_of(tensor, "cpu")?;
         Ok(HostTensor {
             _tensor: tensor.clone(),
-            addr,
+            addr: addr as usize,
             nbytes,
         })
     }
@@ -90,5 +100,34 @@ impl<'py> HostTensor<'py> {
         // (a tensor's storage always is).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as *mut u8, src.len()) };
         Ok(())
+    }
+}
+
+/// A contiguous CUDA tensor's device memory: its address, byte count and device index,
+/// with the tensor object held so the memory stays allocated while this lives. The bytes
+/// are never touched from the host; GPU work on them must be ordered with the tensor's
+/// stream (zero-kernels' `GpuStream::crossing`).
+#[derive(Debug)]
+pub struct DeviceTensor<'py> {
+    _tensor: Bound<'py, PyAny>,
+    /// Device address of the first byte.
+    pub addr: u64,
+    /// Bytes it holds.
+    pub nbytes: usize,
+    /// The CUDA device ordinal it lives on.
+    pub device: usize,
+}
+
+impl<'py> DeviceTensor<'py> {
+    /// The memory of `tensor`: an error naming the problem unless it is a contiguous tensor
+    /// on a CUDA device.
+    pub fn of(tensor: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let (addr, nbytes, index) = memory_of(tensor, "cuda")?;
+        Ok(DeviceTensor {
+            _tensor: tensor.clone(),
+            addr,
+            nbytes,
+            device: index.unwrap_or(0),
+        })
     }
 }

@@ -9,6 +9,10 @@
   against zero at stages 0 and 3: median step time.
 - ``hooks``: one process, a stack of tiny ``Linear`` layers, so that the per-module work
   of the hooks dominates: zero's time per module per step above plain PyTorch's.
+- ``gpu``: one process on the GPU (NCCL at world size 1), a GPT-2 of ``--gpu-width`` and
+  ``--gpu-layers`` in bf16 (fp32 master weights), plain PyTorch with
+  ``torch.optim.AdamW(fused=True)`` on fp32 weights under bf16 autocast against zero at
+  stages 0 and 3: median step time, synchronized. Prints a skip without a GPU.
 
 Speed is measured here, not in tests (three warm-up steps, then the median). The
 one-process loops run on one thread everywhere: torch's (``torch.set_num_threads(1)``) and
@@ -147,6 +151,68 @@ def overhead(n: int, width: int, layers: int) -> None:
         print(f"| {k} | {v * 1000:.1f} | {v / base:.3f} |", flush=True)
 
 
+def gpu_overhead(n: int, width: int, layers: int) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if not torch.cuda.is_available():
+        print("\nSKIPPED the GPU benchmark: torch sees no CUDA GPU on this machine", flush=True)
+        return
+    import zero_torch
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_positions=1024, n_embd=width, n_layer=layers,
+                                          n_head=max(1, width // 64), resid_pdrop=0.0, embd_pdrop=0.0,
+                                          attn_pdrop=0.0)).cuda()
+
+    ids = torch.randint(0, 50257, (8, 1024), generator=torch.Generator().manual_seed(1)).cuda()
+
+    def timed(step) -> float:
+        def synced() -> None:
+            step()
+            torch.cuda.synchronize()
+
+        return _median_step(synced, n)
+
+    m = build()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True)
+
+    def plain() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    results = {"PyTorch, bf16 autocast + AdamW(fused=True)": timed(plain)}
+    params = sum(p.numel() for p in m.parameters())
+    del m, opt
+    torch.cuda.empty_cache()
+    for stage in (0, 3):
+        cfg = _config(stage, 8)
+        cfg["bf16"] = {"enabled": True}
+        cfg["zero_optimization"].update({"reduce_bucket_size": 5e7, "stage3_prefetch_bucket_size": 5e7,
+                                         "stage3_param_persistence_threshold": 1e5})
+        engine, _, _, _ = zero_torch.initialize(model=build(), config=cfg)
+
+        def z() -> None:
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+
+        results[f"zero_torch stage {stage}, bf16"] = timed(z)
+        engine.destroy()
+        del engine
+        torch.cuda.empty_cache()
+    base = next(iter(results.values()))
+    print(f"\nOne process on {torch.cuda.get_device_name()}: GPT-2 width {width}, {layers} layers "
+          f"({params:,} parameters), batch 8 x 1024, median of {n} synchronized steps\n")
+    print("| loop | ms/step | vs PyTorch |")
+    print("|---|---|---|")
+    for k, v in results.items():
+        print(f"| {k} | {v * 1000:.1f} | {v / base:.3f} |", flush=True)
+
+
 def _deepspeed():
     """DeepSpeed in this process as a world of one (CPU accelerator, gloo), or None."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -232,7 +298,9 @@ def hooks(n: int, modules: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=["vs-deepspeed", "overhead", "hooks"])
+    ap.add_argument("--only", choices=["vs-deepspeed", "overhead", "hooks", "gpu"])
+    ap.add_argument("--gpu-width", type=int, default=768)
+    ap.add_argument("--gpu-layers", type=int, default=12)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -248,6 +316,8 @@ def main() -> None:
         hooks(50, 200)
     if args.only in (None, "vs-deepspeed"):
         vs_deepspeed(args.steps, args.width, args.layers)
+    if args.only in (None, "gpu"):
+        gpu_overhead(20, args.gpu_width, args.gpu_layers)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ downloaded) with a script written for DeepSpeed, on zero's engine.
 ``DS_ACCELERATOR=cpu``), which is how docs/BENCHMARKS.md compares the two. The text is
 drawn from a random first-order Markov chain over 64 tokens, whose entropy rate the script
 computes, so the loss has a known floor.
+
+Like DeepSpeed, zero_torch trains on the local rank's GPU where torch sees one (NCCL, one
+process per GPU) and on the CPU otherwise; ``DS_ACCELERATOR=cpu`` keeps it on the CPU.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def main() -> None:
         t0 = time.perf_counter()
         total = 0.0
         for _ in range(gas):
-            ids = sample(chain, micro, args.seq, g)
+            ids = sample(chain, micro, args.seq, g).to(engine.device)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             engine.step()

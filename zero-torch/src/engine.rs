@@ -1,164 +1,116 @@
-//! `NativeEngine`: zero's engine for one rank, on host buffers, driven from Python.
+//! `NativeEngine`: zero's engine for one rank, driven from Python, on the CPU (host
+//! buffers, the shared-memory group) or on the process's GPU (device buffers, NCCL).
 //!
 //! The Python side (`zero_torch.engine`) registers the model's modules and calls these
 //! methods from its hooks. Calls that communicate or compute (fetch, release, reductions,
 //! the optimizer step, checkpoints) release the GIL; calls that copy between the engine and
-//! torch tensors hold it (the tensors' memory is read through their public `data_ptr()`).
+//! torch tensors hold it (the tensors' memory is found through their public `data_ptr()`).
+//! On the GPU those copies take torch's current stream (`stream`, its raw handle) and are
+//! ordered with it by events in both directions.
 
-use crate::errors::{comm_to_py, to_py, ZeroError};
+use crate::errors::{to_py, ZeroError};
+use crate::start::{self, Inner, Model, ModuleArg};
 use crate::tensors::{self, add_into, read_into, write};
-use crate::with_host_type;
+use crate::{cuda_tensors, with_host_type};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
-use zero_comm::launch::LaunchEnv;
-use zero_comm::{Communicator, Completion, HostBuffer, ShmComm, ShmGroup};
 use zero_kernels::DType;
-use zero_runtime::{
-    Engine, EngineError, HostDevice, LoadOptions, ModuleSpec, ParamSpec, ZeroConfig,
-};
+use zero_runtime::{LoadOptions, ZeroConfig};
 
-type HostEngine = Engine<ShmComm, HostDevice>;
-
-/// One module as Python registers it: its name and its parameters' names, shapes,
-/// whether each is trained, and the other full names of each (tied weights).
-type ModuleArg = (String, Vec<(String, Vec<usize>, bool, Vec<String>)>);
+/// Runs `$body` with `$e` bound to the engine inside `$inner`, whichever device it is on.
+macro_rules! with_engine {
+    ($inner:expr, $e:ident => $body:expr) => {
+        match $inner {
+            Inner::Host($e) => $body,
+            Inner::Cuda($e) => $body,
+        }
+    };
+}
 
 /// zero's engine for this process's rank.
 #[pyclass(module = "zero_torch._native")]
 pub struct NativeEngine {
-    inner: Mutex<HostEngine>,
+    inner: Mutex<Inner>,
     rank: usize,
     world: usize,
     local_rank: usize,
     dtype: DType,
-}
-
-/// The launcher's description of this process, or a world of one.
-fn launch_env() -> PyResult<LaunchEnv> {
-    if LaunchEnv::launched() {
-        return LaunchEnv::from_env().map_err(|e| crate::errors::CommError::new_err(e.to_string()));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| ZeroError::new_err(format!("finding a free port for a world of one: {e}")))?;
-    Ok(LaunchEnv::local(0, 1, port))
+    device: &'static str,
 }
 
 impl NativeEngine {
-    fn lock(&self) -> PyResult<MutexGuard<'_, HostEngine>> {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Inner>> {
         self.inner
             .lock()
             .map_err(|_| ZeroError::new_err("the engine is unusable: a call into it panicked"))
     }
+}
 
-    /// Runs `f` on the engine with the GIL released.
-    fn detached<R: Send>(
-        &self,
-        py: Python<'_>,
-        f: impl FnOnce(&mut HostEngine) -> Result<R, EngineError> + Send,
-    ) -> PyResult<R> {
-        py.detach(|| {
-            let mut e = self.lock()?;
-            f(&mut e).map_err(to_py)
+/// Runs `$body` on the engine with the GIL released, mapping engine errors.
+macro_rules! detached {
+    ($self:expr, $py:expr, $e:ident => $body:expr) => {
+        $py.detach(|| {
+            let mut guard = $self.lock()?;
+            with_engine!(&mut *guard, $e => $body).map_err(to_py)
         })
-    }
+    };
+}
+
+/// Runs `$body` on the engine with the GIL held, mapping engine errors.
+macro_rules! held {
+    ($self:expr, $e:ident => $body:expr) => {{
+        let guard = $self.lock()?;
+        with_engine!(&*guard, $e => $body)
+    }};
 }
 
 #[pymethods]
 impl NativeEngine {
     /// Joins the job (the launcher's environment, or a world of one), reads the config,
-    /// takes every parameter's initial value from rank 0's tensors and builds the engine.
+    /// takes every parameter's initial value from rank 0's tensors (CPU tensors, whatever
+    /// the device) and builds the engine on `device`: `"cpu"` (one process per rank over
+    /// shared memory) or `"cuda"` (the process's GPU, NCCL).
     #[new]
-    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0))]
+    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu"))]
     fn new(
         py: Python<'_>,
         config_json: &str,
         modules: Vec<ModuleArg>,
         values: Vec<Vec<Bound<'_, PyAny>>>,
         timeout_s: f64,
+        device: &str,
     ) -> PyResult<Self> {
-        if modules.len() != values.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} modules but initial values for {}",
-                modules.len(),
-                values.len()
-            )));
-        }
-        let env = launch_env()?;
+        let model = Model::read(modules, &values)?;
+        let env = start::launch_env()?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
-        let comm = py
-            .detach(|| ShmGroup::init(&env, timeout))
-            .map_err(comm_to_py)?;
-        let world = comm.world_size();
-        let cfg = ZeroConfig::from_json_str(config_json, world)
-            .map_err(|e| crate::errors::ConfigError::new_err(e.to_string()))?;
-        let mut specs = Vec::with_capacity(modules.len());
-        let mut init: Vec<f32> = Vec::new();
-        let mut starts = Vec::new();
-        for ((name, params), vals) in modules.into_iter().zip(&values) {
-            if params.len() != vals.len() {
+        let (inner, device) = match device {
+            "cpu" => (start::host(py, &env, config_json, model, timeout)?, "cpu"),
+            "cuda" => (start::cuda(py, &env, config_json, model, timeout)?, "cuda"),
+            other => {
                 return Err(PyValueError::new_err(format!(
-                    "module `{name}`: {} parameters but {} initial values",
-                    params.len(),
-                    vals.len()
-                )));
+                    "device {other:?}: zero trains on \"cpu\" or \"cuda\""
+                )))
             }
-            let mut ps = Vec::with_capacity(params.len());
-            for ((pname, shape, trainable, aliases), t) in params.into_iter().zip(vals) {
-                let v = tensors::read_f32(t)?;
-                let numel: usize = shape.iter().product();
-                if v.len() != numel {
-                    return Err(PyValueError::new_err(format!(
-                        "{name}.{pname}: shape {shape:?} but {} values",
-                        v.len()
-                    )));
-                }
-                starts.push(init.len());
-                init.extend_from_slice(&v);
-                let spec = if trainable {
-                    ParamSpec::new(pname, &shape)
-                } else {
-                    ParamSpec::frozen(pname, &shape)
-                };
-                ps.push(spec.with_aliases(aliases));
-            }
-            specs.push(ModuleSpec::new(name, ps));
-        }
-        // Every rank starts from rank 0's values (as DeepSpeed broadcasts the model).
-        let (comm, init) = if world > 1 {
-            let (comm, got) = py.detach(move || {
-                let got = comm
-                    .broadcast(HostBuffer::F32(init), 0)
-                    .and_then(|w| w.wait());
-                (comm, got)
-            });
-            let init = got.map_err(comm_to_py)?.into_f32().ok_or_else(|| {
-                ZeroError::new_err("the broadcast of initial values changed dtype")
-            })?;
-            (comm, init)
-        } else {
-            (comm, init)
         };
-        let engine = py
-            .detach(move || {
-                Engine::new(cfg, specs, comm, HostDevice, |id, spec, out| {
-                    let at = starts[id];
-                    out.copy_from_slice(&init[at..at + spec.numel()]);
-                })
-            })
-            .map_err(to_py)?;
+        let dtype = with_engine!(&inner, e => e.dtype());
         Ok(NativeEngine {
             rank: env.rank,
             world: env.world_size,
             local_rank: env.local_rank,
-            dtype: engine.dtype(),
-            inner: Mutex::new(engine),
+            dtype,
+            device,
+            inner: Mutex::new(inner),
         })
+    }
+
+    /// `"cpu"` or `"cuda"`.
+    #[getter]
+    fn device(&self) -> &'static str {
+        self.device
     }
 
     /// This process's rank.
@@ -191,28 +143,34 @@ impl NativeEngine {
 
     /// Gathers module `m`'s parameters (stage 3; nothing to do otherwise).
     fn fetch(&self, py: Python<'_>, m: usize) -> PyResult<()> {
-        self.detached(py, |e| e.fetch(m))
+        detached!(self, py, e => e.fetch(m))
     }
 
     /// Module `m` is done for now (stage 3 frees its gathered bucket).
     fn release(&self, py: Python<'_>, m: usize) -> PyResult<()> {
-        self.detached(py, |e| e.release(m))
+        detached!(self, py, e => e.release(m))
     }
 
     /// The forward pass under way will have no backward.
     fn abandon_pass(&self, py: Python<'_>) -> PyResult<()> {
-        self.detached(py, |e| e.abandon_pass())
+        detached!(self, py, e => e.abandon_pass())
     }
 
     /// Whether parameter `k` of module `m` stays whole on every rank.
     fn param_persistent(&self, m: usize, k: usize) -> PyResult<bool> {
-        self.lock()?.param_persistent(m, k).map_err(to_py)
+        held!(self, e => e.param_persistent(m, k)).map_err(to_py)
     }
 
     /// Copies module `m`'s parameters (in registration order) into `tensors`, each of the
-    /// engine's dtype and its parameter's length.
-    fn fill(&self, m: usize, tensors: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        let e = self.lock()?;
+    /// engine's dtype and its parameter's length, on the engine's device (`stream`: torch's
+    /// current stream on the GPU).
+    #[pyo3(signature = (m, tensors, stream=0))]
+    fn fill(&self, m: usize, tensors: Vec<Bound<'_, PyAny>>, stream: u64) -> PyResult<()> {
+        let guard = self.lock()?;
+        let e = match &*guard {
+            Inner::Cuda(e) => return cuda_tensors::fill(e, m, &tensors, stream),
+            Inner::Host(e) => e,
+        };
         with_host_type!(self.dtype, T => {
             let params = e.params::<T>(m).map_err(to_py)?;
             if params.len() != tensors.len() {
@@ -232,8 +190,19 @@ impl NativeEngine {
     /// Copies parameter `k` of module `m` into `tensor` (of the engine's dtype and the
     /// parameter's length): for parameters that stay whole (stage 3's persistent ones)
     /// while the rest of their module is not gathered.
-    fn fill_param(&self, m: usize, k: usize, tensor: Bound<'_, PyAny>) -> PyResult<()> {
-        let e = self.lock()?;
+    #[pyo3(signature = (m, k, tensor, stream=0))]
+    fn fill_param(
+        &self,
+        m: usize,
+        k: usize,
+        tensor: Bound<'_, PyAny>,
+        stream: u64,
+    ) -> PyResult<()> {
+        let guard = self.lock()?;
+        let e = match &*guard {
+            Inner::Cuda(e) => return cuda_tensors::fill_param(e, m, k, &tensor, stream),
+            Inner::Host(e) => e,
+        };
         let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
         with_host_type!(self.dtype, T => {
             let all = buf.as_slice::<T>().ok_or_else(|| {
@@ -246,8 +215,20 @@ impl NativeEngine {
     /// Puts the gradient of trainable parameter `k` of module `m` (counting trainable
     /// parameters only) into the engine: copied on its first arrival in a micro-step,
     /// added on later ones.
-    fn put_grad(&self, m: usize, k: usize, grad: Bound<'_, PyAny>, first: bool) -> PyResult<()> {
-        let mut e = self.lock()?;
+    #[pyo3(signature = (m, k, grad, first, stream=0))]
+    fn put_grad(
+        &self,
+        m: usize,
+        k: usize,
+        grad: Bound<'_, PyAny>,
+        first: bool,
+        stream: u64,
+    ) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        let e = match &mut *guard {
+            Inner::Cuda(e) => return cuda_tensors::put_grad(e, m, k, &grad, first, stream),
+            Inner::Host(e) => e,
+        };
         with_host_type!(self.dtype, T => {
             let mut views = e.grads_mut::<T>(m).map_err(to_py)?;
             let n = views.len();
@@ -273,37 +254,34 @@ impl NativeEngine {
         root: usize,
     ) -> PyResult<()> {
         let mut values = Vec::with_capacity(params.len());
-        {
-            let e = self.lock()?;
-            for (m, k, t) in &params {
-                let id = e.param_id(*m, *k).map_err(to_py)?;
-                values.push((id, tensors::read_f32(t)?));
-            }
+        for (m, k, t) in &params {
+            let id = held!(self, e => e.param_id(*m, *k)).map_err(to_py)?;
+            values.push((id, tensors::read_f32(t)?));
         }
-        self.detached(py, move |e| e.set_params(values, root))
+        detached!(self, py, e => e.set_params(values, root))
     }
 
     /// Module `m`'s gradients are complete for this micro-step: its bucket's reduction
     /// starts once every module of the bucket is.
     fn grads_ready(&self, py: Python<'_>, m: usize) -> PyResult<()> {
-        self.detached(py, |e| e.grads_ready(m))
+        detached!(self, py, e => e.grads_ready(m))
     }
 
     /// What to multiply the loss by before backward (the loss scale over the
     /// accumulation steps).
     fn loss_scale_factor(&self) -> PyResult<f64> {
-        Ok(self.lock()?.loss_scale_factor())
+        Ok(held!(self, e => e.loss_scale_factor()))
     }
 
     /// The current loss scale.
     fn loss_scale(&self) -> PyResult<f64> {
-        Ok(self.lock()?.loss_scale())
+        Ok(held!(self, e => e.loss_scale()))
     }
 
     /// The optimizer step, at the accumulation boundary: a dict of `skipped`,
     /// `grad_norm`, `loss_scale` and `lr`.
     fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let out = self.detached(py, |e| e.step())?;
+        let out = detached!(self, py, e => e.step())?;
         let d = PyDict::new(py);
         d.set_item("skipped", out.skipped)?;
         d.set_item("grad_norm", out.grad_norm)?;
@@ -314,22 +292,22 @@ impl NativeEngine {
 
     /// Discards the gradients of the current step (a collective).
     fn zero_grad(&self, py: Python<'_>) -> PyResult<()> {
-        self.detached(py, |e| e.zero_grad())
+        detached!(self, py, e => e.zero_grad())
     }
 
     /// The learning rate of the next step.
     fn lr(&self) -> PyResult<f64> {
-        Ok(self.lock()?.lr())
+        Ok(held!(self, e => e.lr()))
     }
 
     /// `(optimizer steps applied, steps skipped, global steps)`.
     fn step_counts(&self) -> PyResult<(u64, u64, u64)> {
-        Ok(self.lock()?.step_counts())
+        Ok(held!(self, e => e.step_counts()))
     }
 
     /// The engine's memory report: bytes per category on this rank.
     fn memory_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self.lock()?.memory_report();
+        let r = held!(self, e => e.memory_report());
         let d = PyDict::new(py);
         d.set_item("params", r.params)?;
         d.set_item("grads", r.grads)?;
@@ -349,7 +327,7 @@ impl NativeEngine {
 
     /// Elements this rank sent in the last step, by purpose, and the theory.
     fn comm_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self.lock()?.comm_report();
+        let r = held!(self, e => e.comm_report());
         let d = PyDict::new(py);
         d.set_item("grad_reduce", r.last_step.grad_reduce)?;
         d.set_item("param_gather", r.last_step.param_gather)?;
@@ -369,7 +347,7 @@ impl NativeEngine {
     ) -> PyResult<String> {
         let client: serde_json::Value = serde_json::from_str(&client_state_json)
             .map_err(|e| PyValueError::new_err(format!("client_state is not JSON: {e}")))?;
-        self.detached(py, |e| e.save_checkpoint(&save_dir, tag.as_deref(), client))
+        detached!(self, py, e => e.save_checkpoint(&save_dir, tag.as_deref(), client))
     }
 
     /// Loads a checkpoint at any world size and stage (every rank calls it); returns the
@@ -392,16 +370,15 @@ impl NativeEngine {
             load_module_only,
             strict,
         };
-        let client = self.detached(py, |e| {
-            e.load_checkpoint(&load_dir, tag.as_deref(), options)
-        })?;
+        let client =
+            detached!(self, py, e => e.load_checkpoint(&load_dir, tag.as_deref(), options))?;
         Ok(client.to_string())
     }
 
     /// Writes the 16-bit model as Hugging Face safetensors into `save_dir` (rank 0 writes;
     /// every rank calls it); returns the files written.
     fn save_16bit_model(&self, py: Python<'_>, save_dir: PathBuf) -> PyResult<Vec<String>> {
-        let files = self.detached(py, |e| e.save_16bit_model(&save_dir))?;
+        let files = detached!(self, py, e => e.save_16bit_model(&save_dir))?;
         Ok(files.iter().map(|f| f.path.display().to_string()).collect())
     }
 }
@@ -409,7 +386,7 @@ impl NativeEngine {
 /// `(rank, world_size, local_rank)` as the launcher says (a world of one without one).
 #[pyfunction]
 pub fn launch_info() -> PyResult<(usize, usize, usize)> {
-    let env = launch_env()?;
+    let env = start::launch_env()?;
     Ok((env.rank, env.world_size, env.local_rank))
 }
 

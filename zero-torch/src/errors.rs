@@ -38,6 +38,12 @@ create_exception!(
     ZeroError,
     "A checkpoint could not be saved or loaded; the previous one is intact."
 );
+create_exception!(
+    zero_torch,
+    DeviceError,
+    ZeroError,
+    "The GPU could not be used: no driver or NCCL, a tensor on another GPU, a failed kernel."
+);
 
 /// The Python exception for an engine error.
 pub fn to_py(e: EngineError) -> PyErr {
@@ -47,6 +53,7 @@ pub fn to_py(e: EngineError) -> PyErr {
         EngineError::Comm(_) => CommError::new_err(text),
         EngineError::Order(_) | EngineError::NotFetched(_) => OrderError::new_err(text),
         EngineError::Checkpoint(_) => CheckpointError::new_err(text),
+        EngineError::Device(_) => DeviceError::new_err(text),
         _ => ZeroError::new_err(text),
     }
 }
@@ -54,6 +61,11 @@ pub fn to_py(e: EngineError) -> PyErr {
 /// The Python exception for a communicator error (start-up, or a collective).
 pub fn comm_to_py(e: RustCommError) -> PyErr {
     CommError::new_err(e.to_string())
+}
+
+/// The Python exception for a GPU error (a kernel or copy on torch's tensors).
+pub fn device_to_py(e: zero_kernels::cuda::GpuError) -> PyErr {
+    DeviceError::new_err(e.to_string())
 }
 
 /// Registers the exception types on the module.
@@ -64,5 +76,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CommError", py.get_type::<CommError>())?;
     m.add("OrderError", py.get_type::<OrderError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("DeviceError", py.get_type::<DeviceError>())?;
     Ok(())
 }

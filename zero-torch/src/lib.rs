@@ -2,8 +2,10 @@
 #![warn(missing_docs)]
 
 mod checkpoint;
+mod cuda_tensors;
 mod engine;
 mod errors;
+mod start;
 mod tensors;
 
 use pyo3::prelude::*;

@@ -7,6 +7,7 @@
 mod buffer;
 mod copies;
 mod device_choice;
+mod foreign;
 mod gpu;
 pub mod kernel_cache;
 mod ops;
@@ -18,6 +19,7 @@ mod toolchain;
 pub use buffer::{GpuBuffer, GpuData, GpuElement};
 pub use copies::{copy_dtoh, copy_htod, pinned_flags, Direction};
 pub use device_choice::choose_device;
+pub use foreign::{ForeignSlice, ForeignStream};
 pub use gpu::{Gpu, GpuError};
 pub use ops::{AdamViews, GradScale};
 pub use stream::{Combine, GpuStream, MAX_REDUCE_BUFFERS};

@@ -432,7 +432,7 @@ impl GpuStream {
                 views.iter().map(|v| v.device_ptr(&self.stream)).unzip();
             let (dst_ptrs, dst_guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
                 outs.iter_mut().map(|v| v.device_ptr_mut(&self.stream)).unzip();
-            self.launch_reduce::<T>(&src_ptrs, &dst_ptrs, n, op)?;
+            self.launch_reduce_addrs::<T>(&src_ptrs, &dst_ptrs, n, op)?;
             // Dropping the guards records this stream's reads and writes on each buffer.
             drop((src_guards, dst_guards));
             Ok(())
@@ -458,13 +458,16 @@ impl GpuStream {
                 .collect::<Result<_, _>>()?;
             let (ptrs, guards): (Vec<u64>, Vec<SyncOnDrop<'_>>) =
                 views.iter_mut().map(|v| v.device_ptr_mut(&self.stream)).unzip();
-            self.launch_reduce::<T>(&ptrs, &ptrs, n, op)?;
+            self.launch_reduce_addrs::<T>(&ptrs, &ptrs, n, op)?;
             drop(guards);
             Ok(())
         })
     }
 
-    fn launch_reduce<T: GpuElement>(
+    /// The ordered reduction kernel over raw device addresses: every address must be a
+    /// live range of `n` elements of `T` that the caller keeps alive and ordered until the
+    /// launch is queued.
+    pub(crate) fn launch_reduce_addrs<T: GpuElement>(
         &self,
         srcs: &[u64],
         dsts: &[u64],

@@ -22,6 +22,7 @@ from .errors import (
     CheckpointError,
     CommError,
     ConfigError,
+    DeviceError,
     OrderError,
     UnsupportedError,
     ZeroError,
@@ -39,6 +40,7 @@ __all__ = [
     "CommError",
     "OrderError",
     "CheckpointError",
+    "DeviceError",
     "UnsupportedError",
     "__version__",
 ]

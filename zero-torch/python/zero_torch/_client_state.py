@@ -42,7 +42,7 @@ def unpack(stored: Any) -> Tuple[Any, Dict[str, torch.Tensor]]:
         raw = base64.b64decode(stored["data"])
         # DeepSpeed loads its client state with weights_only=False too: the checkpoint is
         # the user's own.
-        got = torch.load(io.BytesIO(raw), weights_only=False)
+        got = torch.load(io.BytesIO(raw), weights_only=False, map_location="cpu")
     except Exception as e:
         raise CheckpointError(f"the checkpoint's client state cannot be read: {type(e).__name__}: {e}") from None
     return got.get("client_state"), got.get("buffers", {})

@@ -60,8 +60,21 @@ class Runtime:
     """The state the hooks share: the registry, the native engine (once built) and where
     the micro-step is."""
 
-    def __init__(self, model: torch.nn.Module, registry: Registry, build: Callable[[List[Unit]], Any], stage: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        registry: Registry,
+        build: Callable[[List[Unit]], Any],
+        stage: int,
+        device: torch.device = torch.device("cpu"),
+    ):
         self.model = model
+        self.device = device
+        self.stream: Callable[[], int] = (
+            (lambda: torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (lambda: 0)
+        )
+        """Torch's current stream (its raw handle; 0 on the CPU): the engine's copies to and
+        from CUDA tensors are ordered with it by events."""
         self.reg = registry
         self._build = build
         self.native: Any = None
@@ -137,13 +150,13 @@ class Runtime:
         sharded = u.sharded
         if not sharded:
             return
-        flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype)
+        flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
         at = 0
         for p in sharded:
             n = p.numel
             p.param.data = flat[at:at + n].view(p.shape)
             at += n
-        self.native.fill(u.index, [p.param.data for p in u.params])
+        self.native.fill(u.index, [p.param.data for p in u.params], self.stream())
         self.filled[u.index] = True
 
     def _drop(self, u: Unit) -> None:
@@ -152,7 +165,7 @@ class Runtime:
             dtype = p.param.dtype
             empty = self.empty.get(dtype)
             if empty is None:
-                empty = self.empty[dtype] = torch.empty(0, dtype=dtype)
+                empty = self.empty[dtype] = torch.empty(0, dtype=dtype, device=self.device)
             p.param.data = empty
         self.filled[u.index] = False
 
@@ -171,13 +184,14 @@ class Runtime:
     def write_back(self) -> None:
         """After a step: torch's copies of the parameters the engine keeps whole get the
         new values (all of them in stages 0-2; stage 3's persistent ones)."""
+        stream = self.stream()
         for u in self.order:
             if self.stage3:
                 for p in u.params:
                     if p.persistent:
-                        self.native.fill_param(u.index, p.k, p.param.data)
+                        self.native.fill_param(u.index, p.k, p.param.data, stream)
             else:
-                self.native.fill(u.index, [p.param.data for p in u.params])
+                self.native.fill(u.index, [p.param.data for p in u.params], stream)
 
     # ---- forward ------------------------------------------------------------------
 
@@ -298,7 +312,7 @@ class Runtime:
             )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
-        self.native.put_grad(u.index, info.trainable_k, grad, n == 0)
+        self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
         self.arrivals[pid] = n + 1
         param.grad = None
         if self.expected is not None and n + 1 == self.expected[pid]:

@@ -39,27 +39,23 @@ class ZeroEngine:
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if next(model.parameters(), None) is None:
             raise ValueError("the model has no parameters: there is nothing to train")
-        for name, p in model.named_parameters():
-            if p.device.type != "cpu":
-                raise UnsupportedError(
-                    f"parameter {name} is on {p.device}: this zero_torch build trains on the "
-                    "CPU (one process per rank over shared memory); keep the model on the CPU"
-                )
         self._config = config
         self._resolved = resolved
         self._dtype = _DTYPES[resolved["dtype"]]
-        if self._dtype != torch.float32:
-            model.to(self._dtype)
-        self.module = model
-        self._timeout_s = timeout_s
         rank, world, local = _native.launch_info()
         self.global_rank: int = rank
         self.world_size: int = world
         self.dp_world_size: int = world
         self.local_rank: int = local
-        self.device = torch.device("cpu")
+        self.device: torch.device = choose_device(model, local)
+        """Where the model trains: ``cuda:<n>`` (the local rank's GPU, NCCL) or ``cpu``."""
+        model.to(device=self.device, dtype=self._dtype if self._dtype != torch.float32 else None)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.module = model
+        self._timeout_s = timeout_s
         self._registry: Registry = register(model, trained)
-        self._runtime = Runtime(model, self._registry, self._build, int(resolved["stage"]))
+        self._runtime = Runtime(model, self._registry, self._build, int(resolved["stage"]), self.device)
         self._runtime.install()
         self.micro_steps = 0
         self._last_step: Optional[Dict[str, Any]] = None
@@ -82,8 +78,9 @@ class ZeroEngine:
             )
             for u in order
         ]
-        values = [[p.param.data for p in u.params] for u in order]
-        return _native.NativeEngine(json.dumps(self._config), modules, values, self._timeout_s)
+        # Initial values cross on the host (rank 0's are broadcast), whatever the device.
+        values = [[p.param.data.detach().cpu() for p in u.params] for u in order]
+        return _native.NativeEngine(json.dumps(self._config), modules, values, self._timeout_s, self.device.type)
 
     @property
     def _native(self) -> Any:
@@ -341,14 +338,14 @@ class ZeroEngine:
         for p in params:
             info = reg.by_id[id(p)]
             u = reg.units[info.unit]
-            pairs.append((u.index, info.k, p.data))
+            pairs.append((u.index, info.k, p.data.detach().cpu()))
         self._native.set_params(pairs, modifier_rank)
         rt = self._runtime
         for p in params:
             info = reg.by_id[id(p)]
             u = reg.units[info.unit]
             if not rt.stage3 or info.persistent:
-                self._native.fill_param(u.index, info.k, p.data)
+                self._native.fill_param(u.index, info.k, p.data, rt.stream())
             elif rt.filled.get(u.index):
                 rt._fill(u)
 
@@ -361,6 +358,33 @@ class ZeroEngine:
     def destroy(self) -> None:
         """Removes the hooks (the engine is gone once this object is)."""
         self._runtime.remove()
+
+
+def choose_device(model: torch.nn.Module, local_rank: int) -> torch.device:
+    """The device the model trains on, as DeepSpeed picks its accelerator: a model already
+    on a CUDA device trains there; otherwise ``DS_ACCELERATOR`` (``cpu`` or ``cuda``)
+    decides, and without it the local rank's GPU where torch sees one (the one visible
+    GPU, else ``cuda:<local_rank>``), else the CPU."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        raise UnsupportedError(
+            f"the model's parameters are on several devices ({sorted(map(str, devices))}): "
+            "zero trains a model on one device per rank"
+        )
+    (device,) = devices
+    if device.type not in ("cpu", "cuda"):
+        raise UnsupportedError(f"the model is on {device}: zero trains on the CPU or on CUDA GPUs")
+    if device.type == "cuda":
+        return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    wanted = os.environ.get("DS_ACCELERATOR", "").strip().lower()
+    if wanted not in ("", "cpu", "cuda"):
+        raise UnsupportedError(f"DS_ACCELERATOR={wanted!r}: zero trains on 'cpu' or 'cuda'")
+    if wanted == "cpu" or (wanted == "" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UnsupportedError("DS_ACCELERATOR=cuda, but torch sees no CUDA GPU on this machine")
+    count = torch.cuda.device_count()
+    return torch.device("cuda", 0 if count == 1 else local_rank)
 
 
 class _OptimizerView:

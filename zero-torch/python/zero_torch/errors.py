@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ._native import CheckpointError, CommError, ConfigError, OrderError, ZeroError
+from ._native import CheckpointError, CommError, ConfigError, DeviceError, OrderError, ZeroError
 
 
 class UnsupportedError(ZeroError):
@@ -17,5 +17,6 @@ __all__ = [
     "CommError",
     "OrderError",
     "CheckpointError",
+    "DeviceError",
     "UnsupportedError",
 ]

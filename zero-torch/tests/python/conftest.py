@@ -17,6 +17,11 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 HERE = Path(__file__).resolve().parent
+# The tests choose their device: the CPU unless a test moves the model to a GPU (as
+# DeepSpeed, zero_torch would otherwise train on a GPU wherever torch sees one).
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Deterministic cuBLAS for the GPU tests that compare bits (torch.use_deterministic_algorithms).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 LAUNCH_VARS = [
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "ZERO_RENDEZVOUS_PORT",

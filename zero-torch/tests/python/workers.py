@@ -82,6 +82,47 @@ def train_one(model: str, stage: int, dtype: str, gas: int, steps: int, global_b
     return {"losses": losses, "params": gathered(engine), "snapshot": snapshot, "memory": engine.memory_report()}
 
 
+def cuda_train(model: str, stage: int, dtype: str, steps: int, global_batch: int, lr: float = 1e-2, side_stream: bool = False) -> Dict[str, Any]:
+    """``train_one`` with the model on the GPU (``cuda:0``, NCCL at world size 1) and
+    deterministic torch kernels; with ``side_stream`` every forward, backward and step runs
+    on a stream other than torch's default one (the engine's copies must order themselves
+    with whichever stream is current). Returns the losses, the parameters (on the CPU) and
+    what stage 3 leaves in torch's CUDA storage at rest."""
+    import zero_torch
+
+    torch.use_deterministic_algorithms(True)
+    m = models.build(model).cuda()
+    engine, _, _, _ = zero_torch.initialize(model=m, config=config(stage, dtype, 1, global_batch, lr=lr))
+    assert engine.device == torch.device("cuda", 0), engine.device
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    losses: List[float] = []
+    with torch.cuda.stream(stream):
+        for ids in models.batches(steps, global_batch, 1):
+            loss = models.loss_of(engine, ids.to(engine.device))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        held = sharded_bytes(engine)
+        params = {n: t.cpu() for n, t in gathered(engine).items()}
+    torch.cuda.synchronize()
+    return {"losses": losses, "params": params, "held_at_rest": held, "memory": engine.memory_report()}
+
+
+def torch_cuda_adamw(model: str, steps: int, global_batch: int, lr: float = 1e-2) -> Dict[str, Any]:
+    """The same training with ``torch.optim.AdamW`` on the GPU (deterministic kernels)."""
+    torch.use_deterministic_algorithms(True)
+    m = models.build(model).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    losses = []
+    for ids in models.batches(steps, global_batch, 1):
+        loss = models.loss_of(m, ids.cuda())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.detach().float().cpu() for n, p in m.named_parameters()}}
+
+
 def toy_config(stage: int, gas: int, global_batch: int, dtype: str = "fp32") -> Dict[str, Any]:
     """``config`` with buckets small enough that ``Toy`` spans several, and small
     parameters (LayerNorm, biases) kept whole in stage 3."""

@@ -56,6 +56,13 @@ def _tensors_in(obj: Any) -> List[torch.Tensor]:
     return found
 
 
+_ALIGN = 64
+"""Each gathered parameter starts a multiple of this many elements into its unit's one
+allocation (128 bytes or more), so torch's kernels (cuBLAS picks its kernels by
+alignment) see parameters as aligned as their own allocations would be, and compute the
+same bits in every stage."""
+
+
 class Runtime:
     """The state the hooks share: the registry, the native engine (once built) and where
     the micro-step is."""
@@ -136,7 +143,12 @@ class Runtime:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
             u.sharded = [p for p in u.params if not p.persistent]
-            u.sharded_numel = sum(p.numel for p in u.sharded)
+            u.sharded_offsets = []
+            at = 0
+            for p in u.sharded:
+                u.sharded_offsets.append(at)
+                at += -(-p.numel // _ALIGN) * _ALIGN
+            u.sharded_numel = at
         if self.stage3:
             for u in order:
                 self._drop(u)
@@ -151,11 +163,8 @@ class Runtime:
         if not sharded:
             return
         flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
-        at = 0
-        for p in sharded:
-            n = p.numel
-            p.param.data = flat[at:at + n].view(p.shape)
-            at += n
+        for p, at in zip(sharded, u.sharded_offsets):
+            p.param.data = flat[at:at + p.numel].view(p.shape)
         self.native.fill(u.index, [p.param.data for p in u.params], self.stream())
         self.filled[u.index] = True
 

@@ -39,7 +39,6 @@ pub struct NativeEngine {
     world: usize,
     local_rank: usize,
     dtype: DType,
-    device: &'static str,
 }
 
 impl NativeEngine {
@@ -87,9 +86,9 @@ impl NativeEngine {
         let model = Model::read(modules, &values)?;
         let env = start::launch_env()?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
-        let (inner, device) = match device {
-            "cpu" => (start::host(py, &env, config_json, model, timeout)?, "cpu"),
-            "cuda" => (start::cuda(py, &env, config_json, model, timeout)?, "cuda"),
+        let inner = match device {
+            "cpu" => start::host(py, &env, config_json, model, timeout)?,
+            "cuda" => start::cuda(py, &env, config_json, model, timeout)?,
             other => {
                 return Err(PyValueError::new_err(format!(
                     "device {other:?}: zero trains on \"cpu\" or \"cuda\""
@@ -102,15 +101,8 @@ impl NativeEngine {
             world: env.world_size,
             local_rank: env.local_rank,
             dtype,
-            device,
             inner: Mutex::new(inner),
         })
-    }
-
-    /// `"cpu"` or `"cuda"`.
-    #[getter]
-    fn device(&self) -> &'static str {
-        self.device
     }
 
     /// This process's rank.
@@ -253,11 +245,10 @@ impl NativeEngine {
         params: Vec<(usize, usize, Bound<'_, PyAny>)>,
         root: usize,
     ) -> PyResult<()> {
-        let mut values = Vec::with_capacity(params.len());
-        for (m, k, t) in &params {
-            let id = held!(self, e => e.param_id(*m, *k)).map_err(to_py)?;
-            values.push((id, tensors::read_f32(t)?));
-        }
+        let values = held!(self, e => params
+            .iter()
+            .map(|(m, k, t)| Ok((e.param_id(*m, *k).map_err(to_py)?, tensors::read_f32(t)?)))
+            .collect::<PyResult<Vec<_>>>())?;
         detached!(self, py, e => e.set_params(values, root))
     }
 

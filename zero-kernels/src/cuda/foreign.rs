@@ -31,13 +31,6 @@ impl std::fmt::Debug for ForeignStream {
     }
 }
 
-impl ForeignStream {
-    /// The raw handle it was borrowed by.
-    pub fn handle(&self) -> u64 {
-        self.handle
-    }
-}
-
 /// `len` elements of `dtype` at device address `addr` on this process's GPU, owned by
 /// another library (a contiguous CUDA tensor's `data_ptr()`). Whoever makes one vouches
 /// that the range is that library's live allocation for as long as the work queued on it
@@ -132,8 +125,7 @@ impl GpuStream {
         dst: &mut GpuBuffer,
         offset: usize,
     ) -> Result<(), GpuError> {
-        check_foreign("copy from a tensor", src, dst.dtype(), src.len)?;
-        self.combine_foreign(&[src.addr], dst, offset..offset + src.len, false)
+        self.take_foreign("copy from a tensor", src, dst, offset, false)
     }
 
     /// `dst[offset..] = round(dst[offset..] + src)`, the sum in `f32` (a gradient added
@@ -144,8 +136,7 @@ impl GpuStream {
         dst: &mut GpuBuffer,
         offset: usize,
     ) -> Result<(), GpuError> {
-        check_foreign("add from a tensor", src, dst.dtype(), src.len)?;
-        self.combine_foreign(&[src.addr], dst, offset..offset + src.len, true)
+        self.take_foreign("add from a tensor", src, dst, offset, true)
     }
 
     /// `dst = src[range]` (same dtype; queued, call within [`crossing`](Self::crossing)).
@@ -169,28 +160,26 @@ impl GpuStream {
         })
     }
 
-    /// `dst[range] = Σ (dst[range] if `keep`, then each foreign source)` through the
-    /// ordered reduction kernel (one rounding, the host's bits).
-    fn combine_foreign(
+    /// `dst[offset..offset + src.len]` = `src`, or (`add`) the `f32` sum of both, through
+    /// the ordered reduction kernel (one rounding, the host's bits).
+    fn take_foreign(
         &self,
-        srcs: &[u64],
+        what: &str,
+        src: &ForeignSlice,
         dst: &mut GpuBuffer,
-        range: Range<usize>,
-        keep: bool,
+        offset: usize,
+        add: bool,
     ) -> Result<(), GpuError> {
-        let n = range.len();
+        check_foreign(what, src, dst.dtype(), src.len)?;
+        let n = src.len;
         if n == 0 {
             return Ok(());
         }
         with_gpu_type!(dst.dtype(), T => {
-            let mut view = self.write::<T>(dst, range)?;
+            let mut view = self.write::<T>(dst, offset..offset + n)?;
             let (addr, guard) = view.device_ptr_mut(self.cuda());
-            let mut all = Vec::with_capacity(srcs.len() + 1);
-            if keep {
-                all.push(addr);
-            }
-            all.extend_from_slice(srcs);
-            self.launch_reduce_addrs::<T>(&all, &[addr], n, Combine::Sum)?;
+            let srcs = if add { vec![addr, src.addr] } else { vec![src.addr] };
+            self.launch_reduce_addrs::<T>(&srcs, &[addr], n, Combine::Sum)?;
             drop(guard);
             Ok(())
         })

@@ -209,6 +209,24 @@ where
     D: Device<Buffer = C::Buffer>,
     R: Send,
 {
+    run_ranks_model(comms, device, config, seed, mlp_modules, f)
+}
+
+/// [`run_ranks_on`] with another model registration than [`mlp_modules`] (the same
+/// parameters, in other groups, say).
+pub fn run_ranks_model<C, D, R>(
+    comms: Vec<C>,
+    device: impl Fn() -> D + Sync,
+    config: &str,
+    seed: u64,
+    modules: fn() -> Vec<ModuleSpec>,
+    f: impl Fn(&mut Engine<C, D>) -> R + Sync,
+) -> Vec<R>
+where
+    C: Communicator,
+    D: Device<Buffer = C::Buffer>,
+    R: Send,
+{
     let cfg = ZeroConfig::from_json_str(config, comms.len()).expect("valid config");
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -216,7 +234,7 @@ where
             .map(|comm| {
                 let (cfg, f, device) = (cfg.clone(), &f, &device);
                 s.spawn(move || {
-                    let mut e = Engine::new(cfg, mlp_modules(), comm, device(), |id, _, v| {
+                    let mut e = Engine::new(cfg, modules(), comm, device(), |id, _, v| {
                         init_values(seed, id, v)
                     })
                     .expect("engine");
@@ -273,6 +291,23 @@ impl Reference {
 
     /// One step on `batch` (the whole global batch) with the config's hyper-parameters.
     pub fn step(&mut self, cfg: &ZeroConfig, batch: &[(Vec<f32>, Vec<f32>)]) {
+        let a = cfg
+            .optimizer
+            .as_ref()
+            .and_then(|o| o.adam)
+            .expect("the reference trains the config's Adam");
+        self.step_groups(cfg, batch, &|_, _| a);
+    }
+
+    /// [`step`](Self::step) with each parameter's own hyper-parameters:
+    /// `hyper(layer, k)` for `[layer][k]` (k 0 the weight, 1 the bias), as parameter
+    /// groups give them.
+    pub fn step_groups(
+        &mut self,
+        cfg: &ZeroConfig,
+        batch: &[(Vec<f32>, Vec<f32>)],
+        hyper: &dyn Fn(usize, usize) -> zero_runtime::kernels::AdamConfig,
+    ) {
         let p32: Vec<Vec<Vec<f32>>> = self
             .params
             .iter()
@@ -296,32 +331,30 @@ impl Reference {
             1.0
         };
         let coef = if clip > 1.0 { 1.0 / clip } else { 1.0 };
-        let a = cfg.optimizer.adam;
-        let (lr, b1, b2, eps, wd) = (
-            a.lr as f64,
-            a.beta1 as f64,
-            a.beta2 as f64,
-            a.eps as f64,
-            a.weight_decay as f64,
-        );
         self.step += 1;
-        let (bc1, bc2) = (1.0 - b1.powi(self.step), 1.0 - b2.powi(self.step));
-        let params = self.params.iter_mut().flatten().flatten();
-        let moments = self
-            .m
-            .iter_mut()
-            .flatten()
-            .flatten()
-            .zip(self.v.iter_mut().flatten().flatten());
-        for ((w, (m, v)), g) in params.zip(moments).zip(g.iter().flatten().flatten()) {
-            let mut gi = *g as f64 * coef;
-            match a.decay {
-                zero_runtime::kernels::WeightDecay::L2 => gi += wd * *w,
-                zero_runtime::kernels::WeightDecay::Decoupled => *w -= lr * wd * *w,
+        for (l, (layer, grads)) in self.params.iter_mut().zip(&g).enumerate() {
+            for (k, (w, gk)) in layer.iter_mut().zip(grads).enumerate() {
+                let a = hyper(l, k);
+                let (lr, b1, b2, eps, wd) = (
+                    a.lr as f64,
+                    a.beta1 as f64,
+                    a.beta2 as f64,
+                    a.eps as f64,
+                    a.weight_decay as f64,
+                );
+                let (bc1, bc2) = (1.0 - b1.powi(self.step), 1.0 - b2.powi(self.step));
+                let (m, v) = (&mut self.m[l][k], &mut self.v[l][k]);
+                for (i, gi) in gk.iter().enumerate() {
+                    let mut gi = *gi as f64 * coef;
+                    match a.decay {
+                        zero_runtime::kernels::WeightDecay::L2 => gi += wd * w[i],
+                        zero_runtime::kernels::WeightDecay::Decoupled => w[i] -= lr * wd * w[i],
+                    }
+                    m[i] = b1 * m[i] + (1.0 - b1) * gi;
+                    v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+                    w[i] -= (lr / bc1) * m[i] / (v[i].sqrt() / bc2.sqrt() + eps);
+                }
             }
-            *m = b1 * *m + (1.0 - b1) * gi;
-            *v = b2 * *v + (1.0 - b2) * gi * gi;
-            *w -= (lr / bc1) * *m / (v.sqrt() / bc2.sqrt() + eps);
         }
     }
 }

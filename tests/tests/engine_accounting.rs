@@ -235,6 +235,7 @@ fn stage3_prefetch_keeps_to_its_window() {
     use zero_comm::HostGroup;
     use zero_runtime::{Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
     let json = r#"{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "optimizer": {"type": "AdamW"},
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "stage3_prefetch_bucket_size": 1500,
             "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}"#;
     let world = 2;

@@ -316,7 +316,7 @@ fn a_layers_reduction_starts_while_backward_goes_on() {
     // so b's bucket must already have been reduced; a's not yet.
     let (at_probe, b_elems, total) = on_ranks(2, |comm| {
         // Buckets of at most 100 elements: each layer gets its own.
-        let json = r#"{"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "reduce_bucket_size": 100}}"#;
+        let json = r#"{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 100}}"#;
         let cfg = ZeroConfig::from_json_str(json, 2).unwrap();
         let (zc, (a, b)) = ZeroCandle::new(cfg, comm, HostDevice, Options::default(), |vb| {
             Ok((

@@ -2,12 +2,12 @@
 //! queued on this rank's stream (`zero-kernels`' CUDA half). The engine is the same as on
 //! the host; only this trait implementation differs.
 
-use crate::device::{AdamState, Device, HostDevice};
+use crate::device::{check_runs, AdamRun, AdamState, Device, HostDevice};
 use crate::EngineError;
 use std::ops::Range;
 use zero_comm::HostBuffer;
 use zero_kernels::cuda::{AdamViews, Gpu, GpuBuffer, GpuError, GpuStream, GradScale};
-use zero_kernels::{with_gpu_type, AdamConfig, DType, GradStats};
+use zero_kernels::{with_gpu_type, DType, GradStats};
 
 /// One rank's view of the process's GPU: its own stream, so ranks sharing the device (the
 /// one-device group) run side by side and order themselves through buffer events.
@@ -195,7 +195,7 @@ impl Device for CudaDevice {
 
     fn adam(
         &self,
-        cfg: &AdamConfig,
+        runs: &[AdamRun],
         step: u64,
         grad_scale: f32,
         state: &mut AdamState<GpuBuffer>,
@@ -205,16 +205,18 @@ impl Device for CudaDevice {
         offset: usize,
     ) -> Result<(), EngineError> {
         let n = state.master.len();
-        let mut run = || -> Result<(), GpuError> {
+        check_runs(runs, n)?;
+        let mut run = |r: &AdamRun| -> Result<(), GpuError> {
             let st = &self.stream;
-            let mut w = st.write::<f32>(&mut state.master, 0..n)?;
-            let mut m = st.write::<f32>(&mut state.exp_avg, 0..n)?;
-            let mut v = st.write::<f32>(&mut state.exp_avg_sq, 0..n)?;
+            let e = r.range.clone();
+            let mut w = st.write::<f32>(&mut state.master, e.clone())?;
+            let mut m = st.write::<f32>(&mut state.exp_avg, e.clone())?;
+            let mut v = st.write::<f32>(&mut state.exp_avg_sq, e.clone())?;
             with_gpu_type!(grads.dtype(), G => with_gpu_type!(params.dtype(), P => {
-                let g = st.read::<G>(grads, range.clone())?;
-                let mut p = st.write::<P>(params, offset..offset + n)?;
+                let g = st.read::<G>(grads, range.start + e.start..range.start + e.end)?;
+                let mut p = st.write::<P>(params, offset + e.start..offset + e.end)?;
                 self.stream.adam(
-                    cfg,
+                    &r.cfg,
                     step,
                     GradScale::Host(grad_scale),
                     None,
@@ -224,6 +226,9 @@ impl Device for CudaDevice {
                 )
             }))
         };
-        run().map_err(device_error)
+        for r in runs {
+            run(r).map_err(device_error)?;
+        }
+        Ok(())
     }
 }

@@ -41,6 +41,25 @@ impl<B> AdamState<B> {
     }
 }
 
+/// A stretch of a bucket's held optimizer state stepped with one parameter group's
+/// hyper-parameters: elements `range` of the state (and the same elements of the
+/// gradients and parameters that go with it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamRun {
+    /// Elements of the state.
+    pub range: Range<usize>,
+    /// The group's hyper-parameters, with the LR of this step.
+    pub cfg: AdamConfig,
+}
+
+/// Checks `runs` lie within a state of `n` elements.
+pub(crate) fn check_runs(runs: &[AdamRun], n: usize) -> Result<(), EngineError> {
+    for r in runs {
+        range_check("adam run", &r.range, n)?;
+    }
+    Ok(())
+}
+
 /// Buffer operations of one device.
 pub trait Device: Send {
     /// The buffer type (the communicator's buffer type too).
@@ -124,12 +143,13 @@ pub trait Device: Send {
     fn zero(&self, b: &mut Self::Buffer, range: Range<usize>) -> Result<(), EngineError>;
     /// Non-finite check and sum of squares of `b[range]`.
     fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> Result<GradStats, EngineError>;
-    /// One fused Adam step over the whole `state`, with gradients `grads[range]`, writing
-    /// the rounded weights to `params[offset..]`.
+    /// One fused Adam step over `state`, with gradients `grads[range]`, writing the rounded
+    /// weights to `params[offset..]`: each run of `runs` (elements of the state) with its
+    /// own hyper-parameters; elements no run covers are left as they are.
     #[allow(clippy::too_many_arguments)]
     fn adam(
         &self,
-        cfg: &AdamConfig,
+        runs: &[AdamRun],
         step: u64,
         grad_scale: f32,
         state: &mut AdamState<Self::Buffer>,
@@ -316,7 +336,7 @@ impl Device for HostDevice {
 
     fn adam(
         &self,
-        cfg: &AdamConfig,
+        runs: &[AdamRun],
         step: u64,
         grad_scale: f32,
         state: &mut AdamState<HostBuffer>,
@@ -328,6 +348,7 @@ impl Device for HostDevice {
         let n = state.master.len();
         range_check("adam gradients", &range, grads.len())?;
         range_check("adam parameters", &(offset..offset + n), params.len())?;
+        check_runs(runs, n)?;
         let master = f32_mut(&mut state.master, "master weights")?;
         let m = match &mut state.exp_avg {
             HostBuffer::F32(v) => v,
@@ -337,9 +358,14 @@ impl Device for HostDevice {
             HostBuffer::F32(v) => v,
             _ => return Err(EngineError::Internal("exp_avg_sq must be f32".into())),
         };
-        with_slice!(grads, g => with_slice!(params, p => {
-            adam_step(cfg, step, grad_scale, master, m, v, &g[range.clone()], Some(&mut p[offset..offset + n]))?
-        }));
+        for run in runs {
+            let r = run.range.clone();
+            let g = range.start + r.start..range.start + r.end;
+            let p = offset + r.start..offset + r.end;
+            with_slice!(grads, gs => with_slice!(params, ps => {
+                adam_step(&run.cfg, step, grad_scale, &mut master[r.clone()], &mut m[r.clone()], &mut v[r.clone()], &gs[g], Some(&mut ps[p]))?
+            }));
+        }
         Ok(())
     }
 }

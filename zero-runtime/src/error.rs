@@ -42,6 +42,9 @@ pub enum EngineError {
         /// The dtype the buffers hold.
         actual: DType,
     },
+    /// Training without an optimizer (none in the config, none given in code).
+    #[error("no optimizer: {0}")]
+    NoOptimizer(String),
     /// Calls out of order (for example `grads_ready` twice in a micro-step).
     #[error("call out of order: {0}")]
     Order(String),

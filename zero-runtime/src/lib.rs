@@ -16,10 +16,10 @@ pub mod schedule;
 pub use checkpoint::{CheckpointError, LoadOptions};
 pub use config::{ConfigError, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
-pub use device::{Device, HostDevice};
+pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{
-    CommCounters, CommReport, Engine, MemoryReport, StagePolicy, StatePiece, StepOutcome,
-    TierBytes, Timings,
+    CommCounters, CommReport, Engine, ExternalArray, ImportedParam, ImportedState, MemoryReport,
+    StagePolicy, StatePiece, StepOutcome, TierBytes, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

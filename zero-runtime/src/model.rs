@@ -13,6 +13,10 @@ pub struct ParamSpec {
     /// `transformer.wte.weight`). Checkpoints record them, and exports write the tensor
     /// under each, so a state dict loads under every name the model has.
     pub aliases: Vec<String>,
+    /// The optimizer parameter group it belongs to (0 unless set): each group steps with
+    /// its own hyper-parameters ([`Engine::set_group`](crate::Engine::set_group)), as a
+    /// torch optimizer's `param_groups` do (no weight decay on biases and norms, say).
+    pub group: usize,
 }
 
 impl ParamSpec {
@@ -23,7 +27,14 @@ impl ParamSpec {
             shape: shape.to_vec(),
             trainable: true,
             aliases: Vec::new(),
+            group: 0,
         }
+    }
+
+    /// The same parameter in optimizer parameter group `group`.
+    pub fn in_group(mut self, group: usize) -> Self {
+        self.group = group;
+        self
     }
 
     /// The same parameter, also known by the full names `aliases` (tied weights).

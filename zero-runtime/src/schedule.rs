@@ -23,11 +23,18 @@ impl LrSchedule {
         }
     }
 
-    /// The LR the next optimizer step uses.
+    /// The LR the next optimizer step uses (for the base LR the schedule was made with).
     pub fn lr(&self) -> f64 {
+        self.lr_for(self.base_lr)
+    }
+
+    /// The LR the next optimizer step uses for a parameter group whose own `lr` is
+    /// `base`: DeepSpeed's schedules start from each group's `lr` where the config does
+    /// not fix the value (`warmup_max_lr` absent; `WarmupCosineLR`'s ratios always).
+    pub fn lr_for(&self, base: f64) -> f64 {
         let it = self.last_batch_iteration;
         let Some(cfg) = self.cfg else {
-            return self.base_lr;
+            return base;
         };
         let warm = |warmup: WarmupType, steps: u64| -> Option<f64> {
             let steps = steps.max(2);
@@ -46,6 +53,7 @@ impl LrSchedule {
                 if it < 0 {
                     return min_lr;
                 }
+                let max_lr = max_lr.unwrap_or(base);
                 min_lr + (max_lr - min_lr) * warm(warmup, warmup_steps).unwrap_or(1.0)
             }
             SchedulerConfig::WarmupDecayLr {
@@ -58,6 +66,7 @@ impl LrSchedule {
                 if it < 0 {
                     return min_lr;
                 }
+                let max_lr = max_lr.unwrap_or(base);
                 let gamma = warm(warmup, warmup_steps).unwrap_or_else(|| {
                     let w = warmup_steps.max(2) as f64;
                     (0f64).max((total_steps as f64 - it as f64) / (total_steps as f64 - w).max(1.0))
@@ -85,7 +94,7 @@ impl LrSchedule {
                         (cos_min_ratio + (1.0 - cos_min_ratio) * r).max(0.0)
                     }
                 };
-                self.base_lr * ratio
+                base * ratio
             }
         }
     }
@@ -126,7 +135,7 @@ mod tests {
             1.0,
             Some(SchedulerConfig::WarmupLr {
                 min_lr: 0.0,
-                max_lr: 0.1,
+                max_lr: Some(0.1),
                 warmup_steps: 4,
                 warmup: WarmupType::Log,
             }),
@@ -153,7 +162,7 @@ mod tests {
             1.0,
             Some(SchedulerConfig::WarmupDecayLr {
                 min_lr: 0.0,
-                max_lr: 1.0,
+                max_lr: Some(1.0),
                 warmup_steps: 2,
                 warmup: WarmupType::Linear,
                 total_steps: 6,
@@ -186,6 +195,25 @@ mod tests {
             (got[4] - 0.2).abs() < 1e-12 && (got[7] - 0.2).abs() < 1e-12,
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn an_unset_max_lr_is_each_groups_own_lr() {
+        let s = LrSchedule::new(
+            0.5,
+            Some(SchedulerConfig::WarmupLr {
+                min_lr: 0.0,
+                max_lr: None,
+                warmup_steps: 2,
+                warmup: WarmupType::Linear,
+            }),
+        );
+        assert_eq!(s.lr(), 0.0);
+        let mut s = s;
+        s.advance();
+        s.advance();
+        s.advance();
+        assert_eq!((s.lr(), s.lr_for(2.0)), (0.5, 2.0));
     }
 
     #[test]

@@ -206,18 +206,15 @@ fn precision_and_optimizer_sections() {
         1,
     )
     .unwrap();
-    assert_eq!(c.optimizer.adam.decay, WeightDecay::L2);
-    assert_eq!(
-        (c.optimizer.adam.beta1, c.optimizer.adam.beta2),
-        (0.8, 0.99)
-    );
+    assert_eq!(adam(&c).decay, WeightDecay::L2);
+    assert_eq!((adam(&c).beta1, adam(&c).beta2), (0.8, 0.99));
     let c = ZeroConfig::from_json_str(
         r#"{"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1}}}"#,
         1,
     )
     .unwrap();
     assert_eq!(
-        c.optimizer.adam.decay,
+        adam(&c).decay,
         WeightDecay::Decoupled,
         "DeepSpeed's Adam defaults to adam_w_mode=true"
     );
@@ -238,7 +235,7 @@ fn schedulers_parse_with_defaults() {
     .unwrap();
     let want = SchedulerConfig::WarmupLr {
         min_lr: 0.0,
-        max_lr: 1e-3f32 as f64,
+        max_lr: None,
         warmup_steps: 10,
         warmup: WarmupType::Log,
     };
@@ -354,16 +351,160 @@ fn offload_keys_take_deepspeeds_names_defaults_and_legacy_forms() {
 }
 
 #[test]
-fn a_config_without_an_optimizer_gets_adamw_defaults_and_says_so() {
+fn a_config_without_an_optimizer_has_none_as_in_deepspeed() {
     let c = ZeroConfig::from_json_str(r#"{"zero_optimization": {"stage": 1}}"#, 2).unwrap();
-    assert_eq!(c.optimizer.name, "AdamW");
+    assert_eq!(c.optimizer, None);
+    // A section without a type is no optimizer for DeepSpeed either.
+    let c = ZeroConfig::from_json_str(r#"{"optimizer": {"params": {"lr": 0.1}}}"#, 2).unwrap();
+    assert_eq!(c.optimizer, None);
+}
+
+/// The defaults of the optimizer DeepSpeed 0.19.8 builds for each section
+/// (`_configure_basic_optimizer`): FusedAdam / DeepSpeedCPUAdam decay by 0 unless told;
+/// `torch_adam` builds torch.optim.AdamW, whose weight decay defaults to 0.01.
+#[test]
+fn optimizer_defaults_are_deepspeeds() {
+    for (text, name, wd, decay) in [
+        (r#"{"type": "AdamW"}"#, "adamw", 0.0, WeightDecay::Decoupled),
+        (
+            r#"{"type": "adamw", "params": {"lr": 0.1}}"#,
+            "adamw",
+            0.0,
+            WeightDecay::Decoupled,
+        ),
+        (r#"{"type": "Adam"}"#, "adam", 0.0, WeightDecay::Decoupled),
+        (
+            r#"{"type": "Adam", "params": {"adam_w_mode": false}}"#,
+            "adam",
+            0.0,
+            WeightDecay::L2,
+        ),
+        (
+            r#"{"type": "AdamW", "params": {"torch_adam": true}}"#,
+            "adamw",
+            0.01,
+            WeightDecay::Decoupled,
+        ),
+        (
+            r#"{"type": "Adam", "params": {"torch_adam": true}}"#,
+            "adam",
+            0.01,
+            WeightDecay::Decoupled,
+        ),
+        (
+            r#"{"type": "Adam", "params": {"torch_adam": true, "adam_w_mode": false}}"#,
+            "adam",
+            0.0,
+            WeightDecay::L2,
+        ),
+    ] {
+        let c = ZeroConfig::from_json_str(&format!(r#"{{"optimizer": {text}}}"#), 1).unwrap();
+        let o = c.optimizer.clone().unwrap();
+        let a = adam(&c);
+        assert_eq!(o.name, name, "{text}");
+        assert_eq!((a.weight_decay, a.decay), (wd, decay), "{text}");
+        assert_eq!(
+            (a.beta1, a.beta2, a.eps, a.bias_correction),
+            (0.9, 0.999, 1e-8, true),
+            "{text}"
+        );
+        if !text.contains("lr") {
+            assert_eq!(a.lr, 1e-3, "{text}");
+        }
+    }
+}
+
+#[test]
+fn other_optimizers_are_external_or_refused_by_name() {
+    let c = ZeroConfig::from_json_str(
+        r#"{"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}}"#,
+        1,
+    )
+    .unwrap();
+    let o = c.optimizer.unwrap();
+    assert_eq!((o.name.as_str(), o.adam), ("SGD", None));
+    assert_eq!(o.params["momentum"], 0.9);
+    let e = o.adam().unwrap_err().to_string();
+    assert!(e.contains("SGD") && e.contains("torch.optim"), "{e}");
+    let c = ZeroConfig::from_json_str(r#"{"optimizer": {"type": "adagrad"}}"#, 1).unwrap();
+    assert_eq!(c.optimizer.unwrap().name, "Adagrad");
+    for ty in ["Lamb", "OneBitAdam", "Lion", "Muon"] {
+        let e = ZeroConfig::from_json_str(&format!(r#"{{"optimizer": {{"type": "{ty}"}}}}"#), 1)
+            .unwrap_err();
+        assert!(e.to_string().contains(ty), "{e}");
+    }
+    let e = ZeroConfig::from_json_str(
+        r#"{"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}"#,
+        1,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("gradient_clipping"), "{e}");
+}
+
+/// The fused Adam's hyper-parameters of a config that has them.
+fn adam(c: &ZeroConfig) -> zero_runtime::kernels::AdamConfig {
+    c.optimizer
+        .as_ref()
+        .and_then(|o| o.adam)
+        .expect("an Adam optimizer")
+}
+
+/// DeepSpeed's keys for features zero does not implement: accepted while disabled (as
+/// DeepSpeed's defaults leave them), a named error when enabled; `bfloat16` is `bf16`;
+/// keys that change nothing zero computes are accepted.
+#[test]
+fn deepspeed_keys_are_accepted_when_they_change_nothing_and_named_when_they_would() {
+    for ok in [
+        r#""torch_autocast": {"enabled": false, "dtype": "bfloat16"}"#,
+        r#""hybrid_engine": {"enabled": false, "max_out_tokens": 512}"#,
+        r#""compile": {"deepcompile": false}"#,
+        r#""tensorboard": {"enabled": false, "output_path": "x"}"#,
+        r#""zero_allow_untested_optimizer": true"#,
+        r#""zero_force_ds_cpu_optimizer": false"#,
+        r#""memory_breakdown": true"#,
+        r#""communication_data_type": "fp32""#,
+        r#""amp": {"enabled": false}"#,
+        r#""steps_per_print": 1e300"#,
+    ] {
+        parse(ok, 1).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    for (bad, named) in [
+        (r#""torch_autocast": {"enabled": true}"#, "torch_autocast"),
+        (r#""hybrid_engine": {"enabled": true}"#, "hybrid"),
+        (r#""compile": {"deepcompile": true}"#, "DeepCompile"),
+        (r#""wandb": {"enabled": true}"#, "Weights & Biases"),
+        (
+            r#""elasticity": {"enabled": true}"#,
+            "removed in DeepSpeed 0.19",
+        ),
+        (
+            r#""communication_data_type": "fp32", "bf16": {"enabled": true}"#,
+            "communication_data_type",
+        ),
+        (r#""gradient_allreduce_op": "sum""#, "gradient_allreduce_op"),
+    ] {
+        let e = parse(bad, 1).unwrap_err().to_string();
+        assert!(e.contains(named), "{bad}: {e}");
+    }
     assert_eq!(
-        (c.optimizer.adam.lr, c.optimizer.adam.weight_decay),
-        (1e-3, 0.01)
+        parse(r#""bfloat16": {"enabled": true}"#, 1)
+            .unwrap()
+            .precision,
+        Precision::Bf16
     );
-    assert!(
-        c.notes.iter().any(|n| n.contains("no optimizer section")),
-        "{:?}",
-        c.notes
+    let c = parse(r#""zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "param_persistence_threshold": 9}"#, 1).unwrap();
+    assert_eq!(
+        (
+            c.zero.prefetch_bucket_size,
+            c.zero.param_persistence_threshold
+        ),
+        (7, 9)
     );
+    let e = parse(r#""zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "stage3_prefetch_bucket_size": 9}"#, 1).unwrap_err();
+    assert!(e.to_string().contains("prefetch_bucket_size"), "{e}");
+    // A misspelling is still an error with a suggestion.
+    let e = parse(r#""zero_allow_untested_optimiser": true"#, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown config key"), "{e}");
 }

@@ -2,7 +2,8 @@
 //! (`train --config configs/X.json`): the offload configs (stages 1, 2 and 3 with
 //! `offload_optimizer: cpu`, stage 3 with `offload_param: cpu` and `pin_memory`, stage 3
 //! with both on NVMe) show where the bytes went, and a config with no `optimizer` section
-//! trains with AdamW's defaults and says so in one line.
+//! trains with the optimizer the example passes in code (DeepSpeed, like zero, has no
+//! default optimizer) and says so in one line.
 
 mod common;
 

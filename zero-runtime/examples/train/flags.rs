@@ -81,6 +81,11 @@ impl ConfigFlags {
     }
 }
 
+/// The optimizer the examples pass in code when the config names none, as a DeepSpeed
+/// script passes `torch.optim.AdamW(...)` to `deepspeed.initialize`.
+pub const CODE_OPTIMIZER: &str =
+    r#"{"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.98], "weight_decay": 0.0}}"#;
+
 /// Applies the flags to the config, returning what each changed.
 pub fn overrides(
     mut v: Value,
@@ -158,6 +163,12 @@ pub fn overrides(
                 &format!("--nvme-path {}", path.display()),
             );
         }
+    }
+    if v.get("optimizer").is_none() {
+        v["optimizer"] = serde_json::from_str(CODE_OPTIMIZER).unwrap_or(Value::Null);
+        said.push(format!(
+            "no optimizer section in {origin}: the example passes its own in code, {CODE_OPTIMIZER} (DeepSpeed, like zero, trains only with an optimizer, from the config or passed in code)"
+        ));
     }
     if v.pointer("/scheduler/params/total_num_steps") == Some(&json!("auto")) {
         v["scheduler"]["params"]["total_num_steps"] = json!(steps);

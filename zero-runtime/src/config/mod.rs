@@ -82,13 +82,33 @@ pub struct LossScaleConfig {
     pub min_loss_scale: f64,
 }
 
-/// The `optimizer` section.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The `optimizer` section, with DeepSpeed 0.19.8's meaning.
+#[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerConfig {
-    /// `type`: `"Adam"` or `"AdamW"` (case-insensitive).
-    pub name: &'static str,
-    /// The resolved hyper-parameters.
-    pub adam: AdamConfig,
+    /// `type`: DeepSpeed's own optimizers lower-cased (`"adam"`, `"adamw"`), any other
+    /// name as written (DeepSpeed then builds `torch.optim.<type>`).
+    pub name: String,
+    /// The fused Adam's hyper-parameters, for the Adam family (`Adam`, `AdamW`, with or
+    /// without `torch_adam`): every default is the one of the optimizer DeepSpeed builds.
+    /// `None` for any other type: zero-runtime does not implement it, and a front-end
+    /// steps it on the rank's fp32 shard ([`crate::Engine::step_external_begin`]).
+    pub adam: Option<AdamConfig>,
+    /// `params` as written (a front-end builds other optimizers from it).
+    pub params: Value,
+}
+
+impl OptimizerConfig {
+    /// The fused Adam's hyper-parameters, or an error naming the optimizer zero-runtime
+    /// cannot step itself.
+    pub fn adam(&self) -> Result<AdamConfig, ConfigError> {
+        self.adam.ok_or_else(|| ConfigError::Unsupported {
+            key: "optimizer.type".into(),
+            reason: format!(
+                "`{}` is not built into zero-runtime (it implements Adam and AdamW); a front-end can step it on the rank's fp32 shard (zero-torch builds torch.optim.{})",
+                self.name, self.name
+            ),
+        })
+    }
 }
 
 /// Warm-up shape of a DeepSpeed LR schedule.
@@ -107,8 +127,9 @@ pub enum SchedulerConfig {
     WarmupLr {
         /// `warmup_min_lr`.
         min_lr: f64,
-        /// `warmup_max_lr`.
-        max_lr: f64,
+        /// `warmup_max_lr`; `None` (absent or `"auto"`): each parameter group's own `lr`,
+        /// as DeepSpeed's schedulers take it.
+        max_lr: Option<f64>,
         /// `warmup_num_steps` (at least 2, as DeepSpeed forces).
         warmup_steps: u64,
         /// `warmup_type`.
@@ -118,8 +139,9 @@ pub enum SchedulerConfig {
     WarmupDecayLr {
         /// `warmup_min_lr`.
         min_lr: f64,
-        /// `warmup_max_lr`.
-        max_lr: f64,
+        /// `warmup_max_lr`; `None` (absent or `"auto"`): each parameter group's own `lr`,
+        /// as DeepSpeed's schedulers take it.
+        max_lr: Option<f64>,
         /// `warmup_num_steps`.
         warmup_steps: u64,
         /// `warmup_type`.
@@ -185,8 +207,9 @@ pub struct ZeroConfig {
     pub gradient_accumulation_steps: u64,
     /// `gradient_clipping` (0 disables clipping).
     pub gradient_clipping: f64,
-    /// `optimizer`.
-    pub optimizer: OptimizerConfig,
+    /// `optimizer`: `None` without one. As in DeepSpeed, an engine without an optimizer
+    /// runs forward passes (evaluation), and refuses backward and step.
+    pub optimizer: Option<OptimizerConfig>,
     /// `scheduler`, if any.
     pub scheduler: Option<SchedulerConfig>,
     /// From `fp16` / `bf16`.
@@ -245,7 +268,149 @@ const TOP: &[&str] = &[
     "steps_per_print",
     "checkpoint",
     "aio",
+    "communication_data_type",
 ];
+
+/// Top-level sections of features zero does not implement, each with what it is: accepted
+/// while `enabled` is false or absent (DeepSpeed's default), a named error when enabled.
+const FEATURES: &[(&str, &str)] = &[
+    ("torch_autocast", "torch.autocast inside the engine"),
+    ("hybrid_engine", "DeepSpeed's hybrid (RLHF) engine"),
+    ("compile", "DeepCompile"),
+    ("flops_profiler", "the FLOPs profiler"),
+    ("autotuning", "autotuning"),
+    ("data_efficiency", "curriculum data sampling and random-LTD"),
+    ("comms_logger", "the communication logger"),
+    ("tensorboard", "TensorBoard monitoring"),
+    ("wandb", "Weights & Biases monitoring"),
+    ("csv_monitor", "CSV monitoring"),
+    ("comet", "Comet monitoring"),
+    ("datastates_ckpt", "DataStates checkpointing"),
+    ("nebula", "Nebula checkpointing (removed in DeepSpeed 0.19)"),
+    (
+        "compression_training",
+        "compression training (removed in DeepSpeed 0.19)",
+    ),
+    ("amp", "NVIDIA apex AMP (removed in DeepSpeed 0.19)"),
+    (
+        "quantize_training",
+        "quantized training (removed in DeepSpeed 0.19)",
+    ),
+    (
+        "sparse_attention",
+        "sparse attention (removed in DeepSpeed 0.19)",
+    ),
+    ("elasticity", "elastic training (removed in DeepSpeed 0.19)"),
+    (
+        "eigenvalue",
+        "eigenvalue computation (removed in DeepSpeed 0.19)",
+    ),
+    (
+        "progressive_layer_drop",
+        "progressive layer drop (removed in DeepSpeed 0.19)",
+    ),
+    (
+        "curriculum_learning",
+        "curriculum learning (removed in DeepSpeed 0.19)",
+    ),
+    (
+        "graph_harvesting",
+        "graph harvesting (removed in DeepSpeed 0.19)",
+    ),
+    ("weight_quantization", "weight quantization"),
+];
+
+/// Top-level keys DeepSpeed reads that change nothing zero computes (logging, profiling,
+/// other parallelisms' settings, the Python front-end's gates): accepted with any value.
+const ACCEPTED: &[&str] = &[
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "memory_breakdown",
+    "disable_python_gc",
+    "log_level",
+    "timers",
+    "vocabulary_size",
+    "seq_parallel_communication_data_type",
+    "use_data_before_expert_parallelism",
+    "pipeline",
+    "dataloader_drop_last",
+    "sparse_gradients",
+];
+
+/// Checks DeepSpeed's keys that zero accepts without implementing them, and returns the
+/// config with them taken out (and `bfloat16` read as `bf16`, as DeepSpeed reads it).
+fn deepspeed_keys(v: &Value, notes: &mut Vec<String>) -> Result<Value, ConfigError> {
+    let mut v = v.clone();
+    let Some(map) = v.as_object_mut() else {
+        return Ok(v);
+    };
+    if let Some(b) = map.remove("bfloat16") {
+        if !map.contains_key("bf16") {
+            map.insert("bf16".into(), b);
+        }
+    }
+    for (key, what) in FEATURES {
+        let Some(section) = map.remove(*key) else {
+            continue;
+        };
+        let enabled = match &section {
+            Value::Null | Value::Bool(false) => false,
+            Value::Bool(true) => true,
+            Value::Object(o) => match o.get("enabled") {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => {
+                    // DeepCompile has no `enabled`: its switch is `deepcompile`.
+                    o.get("deepcompile") == Some(&Value::Bool(true))
+                }
+                Some(Value::Bool(true)) => true,
+                Some(other) => {
+                    return Err(ConfigError::InvalidValue {
+                        key: format!("{key}.enabled"),
+                        reason: format!("expected true or false, got {other}"),
+                    })
+                }
+            },
+            other => {
+                return Err(ConfigError::InvalidValue {
+                    key: (*key).into(),
+                    reason: format!("expected an object, got {other}"),
+                })
+            }
+        };
+        if enabled {
+            return Err(ConfigError::Unsupported {
+                key: format!("{key}.enabled"),
+                reason: format!(
+                    "{what} is not implemented by zero; disable it or remove the section"
+                ),
+            });
+        }
+    }
+    if let Some(Value::Object(ac)) = map.remove("activation_checkpointing") {
+        for key in [
+            "partition_activations",
+            "cpu_checkpointing",
+            "contiguous_memory_optimization",
+        ] {
+            if ac.get(key) == Some(&Value::Bool(true)) {
+                return Err(ConfigError::Unsupported {
+                    key: format!("activation_checkpointing.{key}"),
+                    reason: "zero's deepspeed.checkpointing recomputes with torch.utils.checkpoint; it does not partition, offload or pack activations".into(),
+                });
+            }
+        }
+    }
+    for key in ACCEPTED {
+        if map.remove(*key).is_some() && *key == "dataloader_drop_last" {
+            notes.push("dataloader_drop_last: read by the front-end's dataloader".into());
+        }
+    }
+    if let Some(Value::Number(n)) = map.get("steps_per_print") {
+        if n.as_f64().is_some_and(|x| x >= 1.8e19) {
+            map.insert("steps_per_print".into(), json!(u64::MAX / 2));
+        }
+    }
+    Ok(v)
+}
 
 const ZERO_KEYS: &[&str] = &[
     "stage",
@@ -283,22 +448,18 @@ impl ZeroConfig {
     /// 1, a lone micro batch or accumulation means the other is 1. With none (or all
     /// `"auto"`), micro batch 1 and accumulation 1.
     pub fn from_json(v: &Value, world: usize) -> Result<Self, ConfigError> {
+        let mut notes = Vec::new();
+        let v = &deepspeed_keys(v, &mut notes)?;
         let unsupported_top = [
             ("prescale_gradients", json!(false)),
             ("gradient_predivide_factor", json!(1.0)),
-            ("communication_data_type", Value::Null),
-            ("zero_allow_untested_optimizer", json!(false)),
-            ("zero_force_ds_cpu_optimizer", json!(true)),
+            ("gradient_allreduce_op", json!("mean")),
+            ("managed_gradient_accumulation", json!(true)),
+            ("disable_allgather", json!(false)),
             ("dump_state", json!(false)),
-            ("amp", json!({"enabled": false})),
-            ("activation_checkpointing", json!({})),
-            ("flops_profiler", json!({"enabled": false})),
-            ("tensorboard", json!({"enabled": false})),
-            ("wandb", json!({"enabled": false})),
             ("data_types", json!({})),
         ];
         let top = Obj::new("", v, TOP, &unsupported_top)?;
-        let mut notes = Vec::new();
         let world = world.max(1) as u64;
 
         let (train_batch_size, micro, accum) = batch(&top, world)?;
@@ -306,9 +467,24 @@ impl ZeroConfig {
         if gradient_clipping < 0.0 {
             return Err(top.invalid("gradient_clipping", "must be >= 0 (0 disables clipping)"));
         }
-        let optimizer = optimizer(&top, &mut notes)?;
-        let scheduler = scheduler(&top, optimizer.adam.lr as f64)?;
+        let optimizer = optimizer(&top)?;
+        let scheduler = scheduler(&top)?;
         let precision = precision(&top)?;
+        if let Some(t) = top.str("communication_data_type")? {
+            let training = match precision {
+                Precision::Fp32 => "fp32",
+                Precision::Fp16(_) => "fp16",
+                Precision::Bf16 => "bf16",
+            };
+            if t != training {
+                return Err(ConfigError::Unsupported {
+                    key: "communication_data_type".into(),
+                    reason: format!(
+                        "`{t}`: zero reduces gradients in the training dtype ({training}), summing in f32 and rounding once"
+                    ),
+                });
+            }
+        }
         let zero = zero(&top, &mut notes)?;
         let checkpoint = checkpoint(&top)?;
         let aio = offload::aio(&top, &mut notes)?;
@@ -408,36 +584,78 @@ fn check_triple(total: u64, m: u64, g: u64, world: u64) -> Result<(u64, u64), Co
     )))
 }
 
-/// The optimizer when the config names none: what a DeepSpeed user passing
-/// `torch.optim.AdamW(model.parameters())` in code gets (lr 1e-3, betas (0.9, 0.999),
-/// eps 1e-8, weight decay 0.01).
-pub const DEFAULT_OPTIMIZER: &str = r#"{"type": "AdamW", "params": {}}"#;
+/// DeepSpeed's own optimizer types (lower-cased as DeepSpeed matches them) that zero does
+/// not implement: refused by name. Any other type that is not Adam or AdamW is a
+/// `torch.optim` class for DeepSpeed, and an external optimizer here.
+const DEEPSPEED_ONLY_OPTIMIZERS: &[(&str, &str)] = &[
+    ("lamb", "DeepSpeed's FusedLamb"),
+    ("lion", "DeepSpeed's FusedLion / DeepSpeedCPULion"),
+    ("onebitadam", "DeepSpeed's 1-bit Adam"),
+    ("zerooneadam", "DeepSpeed's 0/1 Adam"),
+    ("onebitlamb", "DeepSpeed's 1-bit LAMB"),
+    ("muadam", "mup's MuAdam"),
+    ("muadamw", "mup's MuAdamW"),
+    ("musgd", "mup's MuSGD"),
+    ("muon", "DeepSpeed's Muon"),
+];
 
-fn optimizer(top: &Obj, notes: &mut Vec<String>) -> Result<OptimizerConfig, ConfigError> {
-    let fallback: Value = serde_json::from_str(DEFAULT_OPTIMIZER).unwrap_or(Value::Null);
-    let v = match top.get("optimizer") {
-        Some(v) => v,
-        None => {
-            notes.push("no optimizer section: AdamW with its defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01), as torch.optim.AdamW passed in code".into());
-            &fallback
-        }
+fn optimizer(top: &Obj) -> Result<Option<OptimizerConfig>, ConfigError> {
+    let Some(v) = top.get("optimizer") else {
+        return Ok(None);
     };
     let o = Obj::new("optimizer", v, &["type", "params"], &[])?;
-    let name = match o.str("type")?.map(str::to_ascii_lowercase).as_deref() {
-        Some("adam") => "Adam",
-        Some("adamw") => "AdamW",
-        Some(other) => {
-            return Err(ConfigError::Unsupported {
-                key: "optimizer.type".into(),
-                reason: format!("`{other}`: zero implements Adam and AdamW"),
-            })
-        }
-        None => return Err(o.invalid("type", "missing: Adam or AdamW")),
+    let Some(ty) = o.str("type")? else {
+        // DeepSpeed reads an optimizer section without a type as no optimizer.
+        return Ok(None);
     };
+    let lower = ty.to_ascii_lowercase();
     let empty = json!({});
+    let params = o.get("params").unwrap_or(&empty).clone();
+    if let Some(map) = params.as_object() {
+        if map.contains_key("max_grad_norm") {
+            return Err(ConfigError::InvalidValue {
+                key: "optimizer.params.max_grad_norm".into(),
+                reason: "not an optimizer parameter: use the top-level `gradient_clipping` (as DeepSpeed requires)".into(),
+            });
+        }
+    } else {
+        return Err(o.invalid("params", &format!("expected a JSON object, got {params}")));
+    }
+    if let Some((_, what)) = DEEPSPEED_ONLY_OPTIMIZERS.iter().find(|(n, _)| *n == lower) {
+        return Err(ConfigError::Unsupported {
+            key: "optimizer.type".into(),
+            reason: format!("`{ty}` ({what}) is not implemented by zero: use Adam, AdamW, or a torch.optim optimizer"),
+        });
+    }
+    if lower != "adam" && lower != "adamw" {
+        let name = if lower == "adagrad" {
+            "Adagrad".to_string()
+        } else {
+            ty.to_string()
+        };
+        return Ok(Some(OptimizerConfig {
+            name,
+            adam: None,
+            params,
+        }));
+    }
+    Ok(Some(OptimizerConfig {
+        name: lower.clone(),
+        adam: Some(adam_family(&lower, &params)?),
+        params,
+    }))
+}
+
+/// `Adam` / `AdamW` as DeepSpeed 0.19.8 builds them (`_configure_basic_optimizer`):
+/// `adam_w_mode` (default true) makes `Adam` decoupled too; `torch_adam: true` builds
+/// `torch.optim.AdamW` (decoupled) or `torch.optim.Adam`, whose weight decay defaults to
+/// 0.01 and 0; otherwise DeepSpeed's `FusedAdam` (or `DeepSpeedCPUAdam` with an offloaded
+/// optimizer), whose weight decay defaults to 0. Every other default is the same in all
+/// of them: lr 1e-3, betas (0.9, 0.999), eps 1e-8, bias correction on.
+fn adam_family(name: &str, params: &Value) -> Result<AdamConfig, ConfigError> {
     let p = Obj::new(
         "optimizer.params",
-        o.get("params").unwrap_or(&empty),
+        params,
         &[
             "lr",
             "betas",
@@ -445,11 +663,17 @@ fn optimizer(top: &Obj, notes: &mut Vec<String>) -> Result<OptimizerConfig, Conf
             "weight_decay",
             "bias_correction",
             "adam_w_mode",
+            "torch_adam",
+            "fp32_optimizer_states",
+            "set_grad_none",
+            "foreach",
         ],
         &[
-            ("torch_adam", json!(false)),
             ("amsgrad", json!(false)),
             ("fused", Value::Null),
+            ("maximize", json!(false)),
+            ("capturable", json!(false)),
+            ("differentiable", json!(false)),
         ],
     )?;
     let betas = match p.get("betas") {
@@ -463,15 +687,15 @@ fn optimizer(top: &Obj, notes: &mut Vec<String>) -> Result<OptimizerConfig, Conf
             return Err(p.invalid("betas", &format!("expected [beta1, beta2], got {other}")))
         }
     };
-    // DeepSpeed's "Adam" is FusedAdam with adam_w_mode=true: decoupled weight decay unless
-    // adam_w_mode is false. "AdamW" is always decoupled.
-    let decoupled = name == "AdamW" || p.bool_or("adam_w_mode", true)?;
+    let torch_adam = p.bool_or("torch_adam", false)?;
+    let decoupled = name == "adamw" || p.bool_or("adam_w_mode", true)?;
+    let default_decay = if torch_adam && decoupled { 0.01 } else { 0.0 };
     let adam = AdamConfig {
         lr: p.f64_or("lr", 1e-3)? as f32,
         beta1: betas.0 as f32,
         beta2: betas.1 as f32,
         eps: p.f64_or("eps", 1e-8)? as f32,
-        weight_decay: p.f64_or("weight_decay", if name == "AdamW" { 0.01 } else { 0.0 })? as f32,
+        weight_decay: p.f64_or("weight_decay", default_decay)? as f32,
         decay: if decoupled {
             WeightDecay::Decoupled
         } else {
@@ -483,10 +707,10 @@ fn optimizer(top: &Obj, notes: &mut Vec<String>) -> Result<OptimizerConfig, Conf
         key: "optimizer.params".into(),
         reason: e.to_string(),
     })?;
-    Ok(OptimizerConfig { name, adam })
+    Ok(adam)
 }
 
-fn scheduler(top: &Obj, lr: f64) -> Result<Option<SchedulerConfig>, ConfigError> {
+fn scheduler(top: &Obj) -> Result<Option<SchedulerConfig>, ConfigError> {
     let Some(v) = top.get("scheduler") else {
         return Ok(None);
     };
@@ -528,7 +752,10 @@ fn scheduler(top: &Obj, lr: f64) -> Result<Option<SchedulerConfig>, ConfigError>
             let p = Obj::new("scheduler.params", params, &common, &[])?;
             SchedulerConfig::WarmupLr {
                 min_lr: p.f64_or("warmup_min_lr", 0.0)?,
-                max_lr: p.f64_or("warmup_max_lr", lr)?,
+                max_lr: p.number("warmup_max_lr")?.and_then(|v| match v {
+                    Auto::Value(v) => Some(v),
+                    Auto::Auto => None,
+                }),
                 warmup_steps: steps_of(&p)?,
                 warmup: warmup_of(&p)?,
             }
@@ -538,7 +765,10 @@ fn scheduler(top: &Obj, lr: f64) -> Result<Option<SchedulerConfig>, ConfigError>
             let p = Obj::new("scheduler.params", params, &keys, &[])?;
             SchedulerConfig::WarmupDecayLr {
                 min_lr: p.f64_or("warmup_min_lr", 0.0)?,
-                max_lr: p.f64_or("warmup_max_lr", lr)?,
+                max_lr: p.number("warmup_max_lr")?.and_then(|v| match v {
+                    Auto::Value(v) => Some(v),
+                    Auto::Auto => None,
+                }),
                 warmup_steps: steps_of(&p)?,
                 warmup: warmup_of(&p)?,
                 total_steps: total_of(&p)?,
@@ -604,7 +834,7 @@ fn precision(top: &Obj) -> Result<Precision, ConfigError> {
     )?;
     let bf16 = enabled(
         "bf16",
-        &["enabled"],
+        &["enabled", "check_grad_overflow"],
         &[
             ("bf16_master_weights_and_grads", json!(false)),
             ("bf16_optimizer_states", json!(false)),
@@ -640,6 +870,37 @@ fn precision(top: &Obj) -> Result<Precision, ConfigError> {
     }
 }
 
+/// DeepSpeed's `zero_optimization` takes its stage-3 keys by their field names too
+/// (`prefetch_bucket_size` for `stage3_prefetch_bucket_size`, ...): read as the
+/// `stage3_` names. Both names at once is an error.
+fn stage3_aliases(section: &Value) -> Result<Value, ConfigError> {
+    let mut v = section.clone();
+    if let Some(map) = v.as_object_mut() {
+        for short in [
+            "prefetch_bucket_size",
+            "param_persistence_threshold",
+            "model_persistence_threshold",
+            "max_live_parameters",
+            "max_reuse_distance",
+            "gather_16bit_weights_on_model_save",
+            "module_granularity_threshold",
+            "use_all_reduce_for_fetch_params",
+            "allgather_sequential",
+        ] {
+            if let Some(val) = map.remove(short) {
+                let long = format!("stage3_{short}");
+                if map.contains_key(&long) {
+                    return Err(ConfigError::Inconsistent(format!(
+                        "zero_optimization has both `{short}` and `{long}`, which name one setting"
+                    )));
+                }
+                map.insert(long, val);
+            }
+        }
+    }
+    Ok(v)
+}
+
 fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigError> {
     let empty = json!({});
     let unsupported = [
@@ -661,13 +922,18 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
         ("mics_hierarchical_params_gather", json!(false)),
         ("memory_efficient_linear", json!(true)),
         ("stage3_gather_fp16_weights_on_model_save", json!(false)),
+        ("compute_grad_norm", json!(true)),
+        ("zenflow", Value::Null),
+        ("parameter_alignment", json!(false)),
+        ("pipeline_loading_checkpoint", json!(false)),
+        ("override_module_apply", json!(true)),
+        ("log_trace_cache_warnings", json!(false)),
+        ("enable_sanity_checks", json!(false)),
+        ("save_muon_momentum_buffer_in_memory", json!(false)),
+        ("leaf_module", Value::Null),
     ];
-    let o = Obj::new(
-        "zero_optimization",
-        top.get("zero_optimization").unwrap_or(&empty),
-        ZERO_KEYS,
-        &unsupported,
-    )?;
+    let section = stage3_aliases(top.get("zero_optimization").unwrap_or(&empty))?;
+    let o = Obj::new("zero_optimization", &section, ZERO_KEYS, &unsupported)?;
     let stage = match o.count_or("stage", 0)? {
         s @ 0..=3 => s as u8,
         s => return Err(o.invalid("stage", &format!("{s}: expected 0, 1, 2 or 3"))),

@@ -13,11 +13,13 @@ use crate::device::Device;
 use crate::EngineError;
 use std::time::Instant;
 use zero_comm::{Communicator, Completion, ReduceOp};
+use zero_kernels::DType;
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Makes sure module `m`'s buckets have gradient buffers (called before the trainer
     /// writes gradients).
     pub(super) fn begin_backward(&mut self, m: usize) -> Result<(), EngineError> {
+        self.require_optimizer("backward")?;
         let name = &self.module(m)?.name;
         if self.ready[m] {
             return Err(EngineError::Order(format!(
@@ -64,6 +66,77 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.timings.micro_step_ended();
         self.trace.end_pass();
+    }
+
+    /// Reopens the last micro-step: the gradients of the next pass (every trainable
+    /// module reports `grads_ready` again) are added to those of the micro-step that just
+    /// ended, as a second `backward()` before `step()` adds to the first in DeepSpeed.
+    /// Call it between passes, before `step()`.
+    ///
+    /// Before the accumulation boundary this is one more pass into the same accumulator.
+    /// At the boundary the micro-step's reductions have run: their result is added into
+    /// an fp32 *carry* per bucket, the gradient buffers start again from zero, and the
+    /// step reads the carry plus the new pass's reduced gradients (reduction is linear,
+    /// so this is the reduction of the sum, up to rounding).
+    pub fn reopen_micro_step(&mut self) -> Result<(), EngineError> {
+        if self.micro_done == 0 || self.ready_count != 0 || self.external.is_some() {
+            return Err(EngineError::Order(format!(
+                "reopen_micro_step() needs a micro-step that ended and no step begun ({} micro-steps done, {} modules of the current one)",
+                self.micro_done, self.ready_count
+            )));
+        }
+        if self.micro_done < self.cfg.gradient_accumulation_steps {
+            self.micro_done -= 1;
+            return Ok(());
+        }
+        self.finish_all()?;
+        self.add_into_carry(true)?;
+        for state in self.buckets.iter_mut() {
+            for buf in [
+                state.grads.as_mut(),
+                state.grad_shard.as_mut(),
+                state.accum.as_mut(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let n = self.dev.len(buf);
+                self.dev.zero(buf, 0..n)?;
+            }
+        }
+        self.micro_done -= 1;
+        Ok(())
+    }
+
+    /// Adds what this micro-step's reductions produced into each bucket's carry: into
+    /// the buckets that have one (before a step), or into every bucket, allocating the
+    /// carries (`create`: a micro-step reopened after its reductions).
+    pub(super) fn add_into_carry(&mut self, create: bool) -> Result<(), EngineError> {
+        for b in 0..self.buckets.len() {
+            if self.buckets[b].carry.is_none() && !create {
+                continue;
+            }
+            let (len, range) = {
+                let (raw, range) = self.raw_step_grads(b)?;
+                (self.dev.len(raw), range)
+            };
+            // Stage 0 steps whole buckets; the other stages the range the step reads.
+            let range = if self.policy.shards_optimizer() {
+                range
+            } else {
+                0..self.plan.buckets[b].layout.total_len()
+            };
+            let mut carry = match self.buckets[b].carry.take() {
+                Some(c) => c,
+                None => self.dev.zeros(DType::F32, len)?,
+            };
+            let r = self
+                .raw_step_grads(b)
+                .and_then(|(raw, _)| self.dev.accumulate(&mut carry, range.start, raw, range));
+            self.buckets[b].carry = Some(carry);
+            r?;
+        }
+        Ok(())
     }
 
     fn acquire_staging(&mut self, b: usize) -> Result<(), EngineError> {

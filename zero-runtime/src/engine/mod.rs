@@ -18,13 +18,15 @@ mod buffers;
 mod checkpoint;
 mod gather;
 mod grads;
+mod groups;
 mod offload;
 mod report;
 mod step;
 mod views;
 
-pub use checkpoint::StatePiece;
+pub use checkpoint::{ImportedParam, ImportedState, StatePiece};
 pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
+pub use step::ExternalArray;
 
 use crate::config::{Precision, ZeroConfig};
 use crate::device::{AdamState, Device};
@@ -70,6 +72,10 @@ struct BucketState<B, W2> {
     grad_shard: Option<B>,
     /// fp32 gradient accumulator (accumulation > 1).
     accum: Option<B>,
+    /// fp32 sum of the reduced gradients of a micro-step that was reopened after its
+    /// reductions (a second backward before the step), shaped like the buffer
+    /// `step_grads` reads; dropped after the step.
+    carry: Option<B>,
     /// fp32 optimizer state of the owned range.
     opt: AdamState<B>,
     /// Modules of this bucket whose gradients are not ready yet in this micro-step.
@@ -145,6 +151,12 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     offload: Option<offload::Offload>,
     /// Stage 3's owned parameter partitions when they live off the device.
     param_tier: Option<offload::ParamTier>,
+    /// Each optimizer parameter group's hyper-parameters (`lr`: the group's base LR).
+    groups: Vec<zero_kernels::AdamConfig>,
+    /// Per bucket: the runs of its held optimizer range, each with its group.
+    runs: Vec<Vec<(std::ops::Range<usize>, usize)>>,
+    /// A step handed to an external optimizer, begun and not yet finished.
+    external: Option<step::External>,
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -223,6 +235,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         dev.zeros(DType::F32, len)
                     })
                     .transpose()?,
+                carry: None,
                 opt: AdamState {
                     master: dev.zeros(DType::F32, owned)?,
                     exp_avg: dev.zeros(DType::F32, owned)?,
@@ -241,6 +254,18 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
+        if let (true, Some(o)) = (offloaded, &cfg.optimizer) {
+            if o.adam.is_none() {
+                return Err(crate::ConfigError::Unsupported {
+                    key: "zero_optimization.offload_optimizer".into(),
+                    reason: format!(
+                        "the offloaded optimizer is zero's fused Adam, and the optimizer is `{}`: use Adam or AdamW (DeepSpeed's DeepSpeedCPUAdam), or do not offload",
+                        o.name
+                    ),
+                }
+                .into());
+            }
+        }
         let offload = if offloaded {
             let owned: Vec<usize> = plan
                 .buckets
@@ -281,9 +306,37 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             None
         };
+        let base = match &cfg.optimizer {
+            Some(o) => o
+                .adam
+                .unwrap_or_else(|| zero_kernels::AdamConfig::adam(1e-3)),
+            None => zero_kernels::AdamConfig::adam(1e-3),
+        };
+        let group_count = 1 + modules
+            .iter()
+            .flat_map(|m| &m.params)
+            .map(|p| p.group)
+            .max()
+            .unwrap_or(0);
+        let mut runs = Vec::with_capacity(plan.buckets.len());
+        {
+            let specs: Vec<&crate::model::ParamSpec> =
+                modules.iter().flat_map(|m| &m.params).collect();
+            for (b, bp) in plan.buckets.iter().enumerate() {
+                let held = if policy.shards_optimizer() {
+                    bp.layout.partition_range(rank)?
+                } else {
+                    0..bp.layout.total_len()
+                };
+                runs.push(groups::bucket_runs(&plan, b, held, |id| specs[id].group));
+            }
+        }
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
-            schedule: LrSchedule::new(cfg.optimizer.adam.lr as f64, cfg.scheduler),
+            schedule: LrSchedule::new(base.lr as f64, cfg.scheduler),
+            groups: vec![base; group_count],
+            runs,
+            external: None,
             frozen: dev.zeros(dtype, plan.frozen_len)?,
             cfg,
             policy,

@@ -16,11 +16,65 @@ use crate::device::Device;
 use crate::EngineError;
 use std::time::Instant;
 use zero_comm::{Communicator, Completion};
-use zero_kernels::{AdamConfig, DType, GradStats};
+use zero_kernels::{DType, GradStats};
+
+/// The first half of a step that was not skipped: how the gradients are to be scaled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct External {
+    /// What every gradient is multiplied by (unscale and clip, folded).
+    grad_scale: f32,
+    /// The unscaled global norm before clipping.
+    norm: f64,
+    /// The loss scale the gradients carried.
+    loss_scale: f64,
+    /// When the step began.
+    t0: Instant,
+}
+
+/// Which array [`Engine::external_read`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExternalArray {
+    /// The fp32 master weights of the group's held elements.
+    Master,
+    /// Their reduced gradients, unscaled and clipped, as fp32.
+    Grad,
+}
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Takes the optimizer step; call it after `gradient_accumulation_steps` micro-steps.
     pub fn step(&mut self) -> Result<StepOutcome, EngineError> {
+        let optimizer = self.require_optimizer("step()")?;
+        optimizer.adam().map_err(|e| {
+            EngineError::Config(crate::ConfigError::Unsupported {
+                key: "optimizer.type".into(),
+                reason: format!("{e}; call step_external_begin / step_external_finish"),
+            })
+        })?;
+        let pending = match self.open_step()? {
+            Ok(p) => p,
+            Err(skipped) => return Ok(skipped),
+        };
+        self.optimizer_steps += 1;
+        self.update_parameters(pending.grad_scale)?;
+        self.close_taken_step(pending)
+    }
+
+    /// The optimizer the config names, or an error naming `what` (DeepSpeed trains only
+    /// with an optimizer, from the config or passed in code).
+    pub(super) fn require_optimizer(
+        &self,
+        what: &str,
+    ) -> Result<&crate::config::OptimizerConfig, EngineError> {
+        self.cfg.optimizer.as_ref().ok_or_else(|| {
+            EngineError::NoOptimizer(format!(
+                "{what} needs an optimizer, and the config has no `optimizer` section (give one there, or pass an optimizer in code); without one the engine runs forward passes only, as DeepSpeed's"
+            ))
+        })
+    }
+
+    /// Checks the boundary, waits for the reductions and decides: `Err(outcome)` when
+    /// the step is skipped (everything a skip does is done), else how to scale.
+    fn open_step(&mut self) -> Result<Result<External, StepOutcome>, EngineError> {
         let k = self.cfg.gradient_accumulation_steps;
         if self.micro_done != k || self.ready_count != 0 {
             return Err(EngineError::Order(format!(
@@ -28,47 +82,63 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.micro_done, self.ready_count
             )));
         }
+        if self.external.is_some() {
+            return Err(EngineError::Order(
+                "a step handed to an external optimizer is not finished: call step_external_finish or step_external_abort".into(),
+            ));
+        }
         let t0 = Instant::now();
         self.finish_all()?;
+        self.add_into_carry(false)?;
         let (sum_sq, overflow) = self.global_stats()?;
         let scale = self.scaler.scale();
         self.global_steps += 1;
-        let outcome = if overflow {
+        if overflow {
             let change = self.scaler.update(true)?;
             self.skipped_steps += 1;
-            StepOutcome {
+            let outcome = StepOutcome {
                 skipped: true,
                 grad_norm: f64::NAN,
                 loss_scale: scale,
-                lr: self.schedule.lr(),
+                lr: self.lr(),
                 scale_change: change,
-            }
+            };
+            self.close_step(t0)?;
+            return Ok(Err(outcome));
+        }
+        let norm = sum_sq.sqrt() / scale;
+        let max_norm = self.cfg.gradient_clipping;
+        let clip = if max_norm > 0.0 {
+            (norm + 1e-6) / max_norm
         } else {
-            let norm = sum_sq.sqrt() / scale;
-            let max_norm = self.cfg.gradient_clipping;
-            let clip = if max_norm > 0.0 {
-                (norm + 1e-6) / max_norm
-            } else {
-                1.0
-            };
-            let combined = if clip > 1.0 { scale * clip } else { scale };
-            let lr = self.schedule.lr();
-            let adam = AdamConfig {
-                lr: lr as f32,
-                ..self.cfg.optimizer.adam
-            };
-            self.optimizer_steps += 1;
-            self.update_parameters(&adam, (1.0 / combined) as f32)?;
-            self.schedule.advance();
-            let change = self.scaler.update(false)?;
-            StepOutcome {
-                skipped: false,
-                grad_norm: norm,
-                loss_scale: scale,
-                lr,
-                scale_change: change,
-            }
+            1.0
         };
+        let combined = if clip > 1.0 { scale * clip } else { scale };
+        Ok(Ok(External {
+            grad_scale: (1.0 / combined) as f32,
+            norm,
+            loss_scale: scale,
+            t0,
+        }))
+    }
+
+    /// After the parameters were updated: the schedule and the scaler move on.
+    fn close_taken_step(&mut self, p: External) -> Result<StepOutcome, EngineError> {
+        let lr = self.lr();
+        self.schedule.advance();
+        let change = self.scaler.update(false)?;
+        self.close_step(p.t0)?;
+        Ok(StepOutcome {
+            skipped: false,
+            grad_norm: p.norm,
+            loss_scale: p.loss_scale,
+            lr,
+            scale_change: change,
+        })
+    }
+
+    /// What every step ends with, taken or skipped.
+    fn close_step(&mut self, t0: Instant) -> Result<(), EngineError> {
         self.clear_gradients()?;
         if self.policy.shards_parameters() {
             self.free_all_gathered()?;
@@ -83,7 +153,140 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         {
             println!("[zero] step {}: {}", self.global_steps, self.timings.last());
         }
-        Ok(outcome)
+        Ok(())
+    }
+
+    /// The first half of a step for an optimizer the engine does not run itself (a
+    /// front-end's, such as a `torch.optim` optimizer over the rank's fp32 shard, as
+    /// DeepSpeed steps an untested client optimizer): waits for the reductions, decides
+    /// overflow and clipping like [`step`](Self::step). Returns the outcome when the step
+    /// is skipped (nothing else to do); otherwise `None`: read each group's master weights
+    /// and gradients with [`external_read`](Self::external_read), step them, and hand the
+    /// new master weights to [`step_external_finish`](Self::step_external_finish) (or
+    /// call [`step_external_abort`](Self::step_external_abort)).
+    pub fn step_external_begin(&mut self) -> Result<Option<StepOutcome>, EngineError> {
+        self.require_optimizer("step_external_begin()")?;
+        if self.offload.is_some() {
+            return Err(EngineError::Config(crate::ConfigError::Unsupported {
+                key: "zero_optimization.offload_optimizer".into(),
+                reason: "the offloaded optimizer is zero's fused Adam; an external optimizer cannot be offloaded".into(),
+            }));
+        }
+        match self.open_step()? {
+            Err(skipped) => Ok(Some(skipped)),
+            Ok(p) => {
+                self.optimizer_steps += 1;
+                self.external = Some(p);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The number of elements of group `g` this rank steps: its held elements of every
+    /// bucket, in bucket order (alignment padding included: its gradient is zero).
+    pub fn external_group_len(&self, g: usize) -> usize {
+        self.runs
+            .iter()
+            .flatten()
+            .filter(|(_, rg)| *rg == g)
+            .map(|(r, _)| r.len())
+            .sum()
+    }
+
+    /// Reads group `g`'s master weights or gradients (unscaled and clipped) into `out`
+    /// (of [`external_group_len`](Self::external_group_len) elements), during a step
+    /// begun by [`step_external_begin`](Self::step_external_begin).
+    pub fn external_read(
+        &mut self,
+        g: usize,
+        what: ExternalArray,
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let p = self.external.ok_or_else(|| {
+            EngineError::Order("external_read outside a step begun by step_external_begin".into())
+        })?;
+        self.check_external_len(g, out.len())?;
+        let mut at = 0;
+        for b in 0..self.buckets.len() {
+            for (r, rg) in self.runs[b].clone() {
+                if rg != g {
+                    continue;
+                }
+                let dst = &mut out[at..at + r.len()];
+                match what {
+                    ExternalArray::Master => {
+                        self.dev
+                            .download_f32_into(&self.buckets[b].opt.master, r.clone(), dst)?
+                    }
+                    ExternalArray::Grad => {
+                        let (buf, start) = self.held_grads(b)?;
+                        let first = start + r.start;
+                        self.dev
+                            .download_f32_into(buf, first..first + r.len(), dst)?;
+                        for x in dst.iter_mut() {
+                            *x *= p.grad_scale;
+                        }
+                    }
+                }
+                at += r.len();
+            }
+        }
+        Ok(())
+    }
+
+    fn check_external_len(&self, g: usize, len: usize) -> Result<(), EngineError> {
+        self.group(g)?;
+        let want = self.external_group_len(g);
+        if len != want {
+            return Err(EngineError::InvalidModel(format!(
+                "parameter group {g}: {len} values given, this rank steps {want}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The second half of an external step: `masters[g]` are group `g`'s new master
+    /// weights (as read, in the same order). They replace the held master weights, the
+    /// 16-bit parameters are rounded from them and gathered where the stage keeps them
+    /// whole, and the schedule and loss scaler move on. On an error nothing is written.
+    pub fn step_external_finish(&mut self, masters: &[&[f32]]) -> Result<StepOutcome, EngineError> {
+        let p = self.external.ok_or_else(|| {
+            EngineError::Order("step_external_finish without step_external_begin".into())
+        })?;
+        if masters.len() != self.groups.len() {
+            return Err(EngineError::InvalidModel(format!(
+                "{} groups of master weights given, the model has {} parameter groups",
+                masters.len(),
+                self.groups.len()
+            )));
+        }
+        for (g, m) in masters.iter().enumerate() {
+            self.check_external_len(g, m.len())?;
+        }
+        self.external = None;
+        let mut at = vec![0usize; masters.len()];
+        for b in 0..self.buckets.len() {
+            for (r, g) in self.runs[b].clone() {
+                let vals = &masters[g][at[g]..at[g] + r.len()];
+                at[g] += r.len();
+                self.dev
+                    .upload_f32(&mut self.buckets[b].opt.master, r.start, vals)?;
+            }
+        }
+        self.params_from_master()?;
+        self.close_taken_step(p)
+    }
+
+    /// Gives up a step begun by [`step_external_begin`](Self::step_external_begin)
+    /// (the external optimizer failed): parameters and master weights stay as they were,
+    /// the gradients of the step are dropped, and the step is not counted.
+    pub fn step_external_abort(&mut self) -> Result<(), EngineError> {
+        let Some(p) = self.external.take() else {
+            return Ok(());
+        };
+        self.optimizer_steps -= 1;
+        self.global_steps -= 1;
+        self.close_step(p.t0)
     }
 
     /// The sum of squares and overflow flag over every rank's owned gradients.
@@ -112,8 +315,37 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok((sum, overflow || !sum.is_finite()))
     }
 
-    /// Where the gradients the optimizer reads for bucket `b` are, and this rank's range.
+    /// Where the gradients the optimizer reads for bucket `b` are, and this rank's range:
+    /// the carried sum when a micro-step was reopened, else the reduced gradients.
     pub(super) fn step_grads(
+        &self,
+        b: usize,
+    ) -> Result<(&C::Buffer, std::ops::Range<usize>), EngineError> {
+        let (raw, range) = self.raw_step_grads(b)?;
+        Ok(match self.buckets[b].carry.as_ref() {
+            Some(carry) => (carry, range),
+            None => (raw, range),
+        })
+    }
+
+    /// Bucket `b`'s gradients as the optimizer reads them, and where its held element 0
+    /// is in them (stage 0 holds whole buckets; the range of `step_grads` is then the
+    /// rank's partition, for the norm).
+    fn held_grads(&self, b: usize) -> Result<(&C::Buffer, usize), EngineError> {
+        let (buf, range) = self.step_grads(b)?;
+        Ok((
+            buf,
+            if self.policy.shards_optimizer() {
+                range.start
+            } else {
+                0
+            },
+        ))
+    }
+
+    /// [`step_grads`](Self::step_grads) without the carried sum: where this micro-step's
+    /// reductions put the gradients.
+    pub(super) fn raw_step_grads(
         &self,
         b: usize,
     ) -> Result<(&C::Buffer, std::ops::Range<usize>), EngineError> {
@@ -135,13 +367,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         })
     }
 
-    fn update_parameters(&mut self, adam: &AdamConfig, grad_scale: f32) -> Result<(), EngineError> {
+    fn update_parameters(&mut self, grad_scale: f32) -> Result<(), EngineError> {
         let step = self.optimizer_steps;
         let mut gathers = Vec::new();
         if self.offload.is_some() {
             // The state lives off the device: the same Adam, sub-group by sub-group, then
             // the same gathers.
-            self.offloaded_adam(adam, grad_scale)?;
+            self.offloaded_adam(grad_scale)?;
             return self.publish_params();
         }
         for b in 0..self.buckets.len() {
@@ -168,10 +400,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     exp_avg_sq: self.dev.zeros(DType::F32, 0)?,
                 },
             );
+            let runs = self.adam_runs(b);
             let result = {
                 let (grads, _) = self.step_grads(b)?;
                 self.dev.adam(
-                    adam,
+                    &runs,
                     step,
                     grad_scale,
                     &mut opt,
@@ -246,6 +479,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// reductions in flight first. Call it on every rank at the same point, as with any
     /// collective: the reductions it waits for are shared.
     pub fn zero_grad(&mut self) -> Result<(), EngineError> {
+        self.step_external_abort()?;
         self.finish_all()?;
         self.clear_gradients()?;
         self.micro_done = 0;
@@ -264,6 +498,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn clear_gradients(&mut self) -> Result<(), EngineError> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];
+            state.carry = None;
             if let Some(g) = state.grads.as_mut() {
                 self.dev.zero(g, 0..plan.layout.total_len())?;
             }

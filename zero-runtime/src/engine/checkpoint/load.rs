@@ -16,10 +16,11 @@ use super::Piece;
 use crate::checkpoint::format::ParamEntry;
 use crate::checkpoint::resolve::CheckpointDir as Dir;
 use crate::checkpoint::resolve::{resolve_tag, CheckpointDir, StateKind};
-use crate::checkpoint::{CheckpointError, LoadOptions, Manifest};
+use crate::checkpoint::{CheckpointError, LoadOptions};
 use crate::device::{AdamState, Device};
 use crate::EngineError;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use zero_comm::Communicator;
 use zero_kernels::DType;
@@ -32,7 +33,147 @@ struct Staged<B> {
     frozen: Vec<(usize, Vec<f32>)>,
     /// The new offloaded state, when the state lives off the device.
     offload: Option<Staging>,
-    manifest: Manifest,
+    resume: Resume,
+}
+
+/// Where the run continues from: counters, loss scaler, schedule, client state.
+struct Resume {
+    steps: crate::checkpoint::format::Steps,
+    /// The loss scaler's state, where it is of this run's precision.
+    scaler: Option<crate::scaler::ScalerState>,
+    lr_last_batch_iteration: Option<i64>,
+    client_state: serde_json::Value,
+}
+
+/// Where a source hands its values: (offset in the range asked for, values).
+type Sink<'a> = &'a mut dyn FnMut(usize, &[f32]) -> Result<(), CheckpointError>;
+
+/// Where a load's values come from: a checkpoint's files, or values a front-end read.
+trait Source {
+    /// Whether parameter `id` has values here (else it keeps its current ones).
+    fn has(&self, id: usize) -> bool;
+    /// Elements `range` of trainable parameter `id`'s array `kind`, handed to `sink` as
+    /// (offset in `range`, values).
+    fn state(
+        &mut self,
+        id: usize,
+        kind: StateKind,
+        range: Range<usize>,
+        sink: Sink<'_>,
+    ) -> Result<(), CheckpointError>;
+    /// Frozen parameter `id`'s values, whole.
+    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError>;
+}
+
+/// A checkpoint's files, with the entry found for each parameter.
+struct FileSource<'a> {
+    ckpt: &'a mut Dir,
+    found: &'a [Option<ParamEntry>],
+}
+
+impl Source for FileSource<'_> {
+    fn has(&self, id: usize) -> bool {
+        self.found[id].is_some()
+    }
+
+    fn state(
+        &mut self,
+        id: usize,
+        kind: StateKind,
+        range: Range<usize>,
+        sink: Sink<'_>,
+    ) -> Result<(), CheckpointError> {
+        match &self.found[id] {
+            Some(entry) => self.ckpt.read_state(entry, kind, range, sink),
+            None => Ok(()),
+        }
+    }
+
+    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError> {
+        let Some(entry) = &self.found[id] else {
+            return Ok(Vec::new());
+        };
+        if entry.trainable {
+            let mut v = vec![0f32; entry.numel()];
+            self.ckpt
+                .read_state(entry, StateKind::Master, 0..entry.numel(), |at, x| {
+                    v[at..at + x.len()].copy_from_slice(x);
+                    Ok(())
+                })?;
+            Ok(v)
+        } else {
+            self.ckpt.read_frozen(entry)
+        }
+    }
+}
+
+/// Values in memory, by parameter id ([`Engine::import_state`]).
+struct MemorySource<'a> {
+    params: Vec<Option<&'a ImportedParam>>,
+}
+
+impl Source for MemorySource<'_> {
+    fn has(&self, id: usize) -> bool {
+        self.params[id].is_some()
+    }
+
+    fn state(
+        &mut self,
+        id: usize,
+        kind: StateKind,
+        range: Range<usize>,
+        sink: Sink<'_>,
+    ) -> Result<(), CheckpointError> {
+        let Some(p) = self.params[id] else {
+            return Ok(());
+        };
+        let zeros;
+        let vals: &[f32] = match (kind, &p.moments) {
+            (StateKind::Master, _) => &p.master,
+            (StateKind::ExpAvg, Some((m, _))) => m,
+            (StateKind::ExpAvgSq, Some((_, v))) => v,
+            (_, None) => {
+                zeros = vec![0f32; range.len()];
+                return sink(0, &zeros);
+            }
+        };
+        sink(0, &vals[range])
+    }
+
+    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError> {
+        Ok(self.params[id]
+            .map(|p| p.master.clone())
+            .unwrap_or_default())
+    }
+}
+
+/// One parameter's whole fp32 state, for [`Engine::import_state`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportedParam {
+    /// The master weights (for a frozen parameter: its values).
+    pub master: Vec<f32>,
+    /// Adam's `exp_avg` and `exp_avg_sq`; `None` starts them at zero.
+    pub moments: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// A run's training state read elsewhere (another framework's checkpoint), for
+/// [`Engine::import_state`]: every rank passes the same values.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportedState {
+    /// By the name checkpoints use (`module.param`, or one of its aliases).
+    pub params: HashMap<String, ImportedParam>,
+    /// Optimizer steps taken (Adam's step count).
+    pub optimizer_steps: u64,
+    /// Steps skipped on overflow.
+    pub skipped_steps: u64,
+    /// All steps.
+    pub global_steps: u64,
+    /// The loss scaler's state (fp16), if recorded.
+    pub loss_scaler: Option<crate::scaler::ScalerState>,
+    /// The LR schedule's position (`last_batch_iteration`), if recorded.
+    pub lr_last_batch_iteration: Option<i64>,
+    /// Every parameter of the model must be present, and no other.
+    pub strict: bool,
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -152,6 +293,45 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         let moments = options.load_optimizer_states && !options.load_module_only;
+        let (opt, frozen, offload) = self.stage_from(
+            &mut FileSource {
+                ckpt: &mut ckpt,
+                found: &found,
+            },
+            moments,
+        )?;
+        self.last_load_stats = ckpt.read_stats();
+        let m = ckpt.manifest;
+        Ok(Staged {
+            opt,
+            frozen,
+            offload,
+            resume: Resume {
+                steps: m.steps,
+                scaler: (m.precision == precision_name(&self.cfg.precision))
+                    .then_some(m.loss_scaler),
+                lr_last_batch_iteration: Some(m.lr_last_batch_iteration),
+                client_state: m.client_state,
+            },
+        })
+    }
+
+    /// Reads what `src` holds for this rank into new buffers: the optimizer state it
+    /// holds (moments too with `moments`; without, they start from zero), the frozen
+    /// parameters, and the offloaded state. Parameters `src` lacks keep their values.
+    #[allow(clippy::type_complexity)]
+    fn stage_from(
+        &mut self,
+        src: &mut dyn Source,
+        moments: bool,
+    ) -> Result<
+        (
+            Vec<AdamState<C::Buffer>>,
+            Vec<(usize, Vec<f32>)>,
+            Option<Staging>,
+        ),
+        EngineError,
+    > {
         let mut opt = Vec::with_capacity(self.buckets.len());
         let on_device = if self.offload.is_some() {
             0
@@ -161,7 +341,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for b in 0..on_device {
             let cur = &self.buckets[b].opt;
             let n = self.dev.len(&cur.master);
-            // Start from the current state: parameters the checkpoint lacks keep theirs.
+            // Start from the current state: parameters the source lacks keep theirs.
             let mut new = AdamState {
                 master: self.dev.zeros(DType::F32, n)?,
                 exp_avg: self.dev.zeros(DType::F32, n)?,
@@ -175,67 +355,43 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             let start = self.opt_start(b)?;
             for piece in self.held_pieces(b)? {
-                let Some(entry) = &found[piece.param] else {
+                if !src.has(piece.param) {
                     continue;
-                };
+                }
                 let at = piece.flat_range.start - start;
-                let kinds: &[(StateKind, usize)] = if moments {
-                    &[
-                        (StateKind::Master, 0),
-                        (StateKind::ExpAvg, 1),
-                        (StateKind::ExpAvgSq, 2),
-                    ]
-                } else {
-                    &[(StateKind::Master, 0)]
-                };
-                for &(kind, which) in kinds {
-                    let dst = match which {
-                        0 => &mut new.master,
-                        1 => &mut new.exp_avg,
-                        _ => &mut new.exp_avg_sq,
-                    };
+                for &(kind, which) in kinds(moments) {
+                    let dst = new.array_mut(which);
                     let dev = &self.dev;
-                    ckpt.read_state(entry, kind, piece.tensor_range.clone(), |off, vals| {
-                        dev.upload_f32(dst, at + off, vals)
-                            .map_err(|e| CheckpointError::Io(e.to_string()))
-                    })?;
+                    src.state(
+                        piece.param,
+                        kind,
+                        piece.tensor_range.clone(),
+                        &mut |off, vals| {
+                            dev.upload_f32(dst, at + off, vals)
+                                .map_err(|e| CheckpointError::Io(e.to_string()))
+                        },
+                    )?;
                 }
             }
             opt.push(new);
         }
         let mut frozen = Vec::new();
         for (id, offset) in self.frozen_params() {
-            if let Some(entry) = &found[id] {
-                let values = if entry.trainable {
-                    let mut v = vec![0f32; entry.numel()];
-                    ckpt.read_state(entry, StateKind::Master, 0..entry.numel(), |at, x| {
-                        v[at..at + x.len()].copy_from_slice(x);
-                        Ok(())
-                    })?;
-                    v
-                } else {
-                    ckpt.read_frozen(entry)?
-                };
-                frozen.push((offset, values));
+            if src.has(id) {
+                frozen.push((offset, src.frozen(id)?));
             }
         }
         // Last, as nothing after it may fail: a staged offload copy must be committed or
         // abandoned.
         let offload = match self.offload.take() {
             Some(mut off) => {
-                let r = self.read_offloaded(&mut off, &mut ckpt, &found, moments);
+                let r = self.read_offloaded(&mut off, src, moments);
                 self.offload = Some(off);
                 Some(r?)
             }
             None => None,
         };
-        self.last_load_stats = ckpt.read_stats();
-        Ok(Staged {
-            opt,
-            frozen,
-            offload,
-            manifest: ckpt.manifest,
-        })
+        Ok((opt, frozen, offload))
     }
 
     /// Fills a new copy of the offloaded state, sub-group by sub-group: the current
@@ -244,23 +400,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn read_offloaded(
         &self,
         off: &mut Offload,
-        ckpt: &mut Dir,
-        found: &[Option<ParamEntry>],
+        src: &mut dyn Source,
         moments: bool,
     ) -> Result<Staging, EngineError> {
         let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.buckets.len());
         for b in 0..self.buckets.len() {
             pieces.push(self.held_pieces(b)?);
         }
-        let kinds: &[(StateKind, usize)] = if moments {
-            &[
-                (StateKind::Master, 0),
-                (StateKind::ExpAvg, 1),
-                (StateKind::ExpAvgSq, 2),
-            ]
-        } else {
-            &[(StateKind::Master, 0)]
-        };
         let mut st = off.begin_staging(true)?;
         let filled = (|| -> Result<(), EngineError> {
             for i in 0..off.groups.len() {
@@ -273,17 +419,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
                 let start = self.opt_start(g.bucket)?;
                 for piece in &pieces[g.bucket] {
-                    let Some(entry) = &found[piece.param] else {
+                    if !src.has(piece.param) {
                         continue;
-                    };
+                    }
                     let (lo, hi) = (piece.flat_range.start - start, piece.flat_range.end - start);
                     let (a, z) = (lo.max(g.range.start), hi.min(g.range.end));
                     if a >= z {
                         continue;
                     }
                     let first = piece.tensor_range.start + (a - lo);
-                    for &(kind, which) in kinds {
-                        ckpt.read_state(entry, kind, first..first + (z - a), |o, vals| {
+                    for &(kind, which) in kinds(moments) {
+                        src.state(piece.param, kind, first..first + (z - a), &mut |o, vals| {
                             off.put(&mut st, i, which, a - g.range.start + o, vals)
                                 .map_err(|e| CheckpointError::Io(e.to_string()))
                         })?;
@@ -325,29 +471,29 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.dev.upload_f32(&mut self.frozen, *offset, values)?;
         }
         self.params_from_master()?;
-        let m = &staged.manifest;
+        let r = staged.resume;
         if !options.load_module_only {
             self.optimizer_steps = if options.load_optimizer_states {
-                m.steps.optimizer
+                r.steps.optimizer
             } else {
                 0
             };
-            self.skipped_steps = m.steps.skipped;
-            self.global_steps = m.steps.global;
-            if m.precision == precision_name(&self.cfg.precision) {
-                self.scaler.restore(&m.loss_scaler);
+            self.skipped_steps = r.steps.skipped;
+            self.global_steps = r.steps.global;
+            if let Some(scaler) = &r.scaler {
+                self.scaler.restore(scaler);
             }
-            if options.load_lr_scheduler_states {
-                self.schedule
-                    .set_last_batch_iteration(m.lr_last_batch_iteration);
+            if let (true, Some(it)) = (options.load_lr_scheduler_states, r.lr_last_batch_iteration)
+            {
+                self.schedule.set_last_batch_iteration(it);
             }
         }
-        Ok(staged.manifest.client_state)
+        Ok(r.client_state)
     }
 
     /// The 16-bit parameters from the fp32 master weights: each rank rounds the range it
     /// holds, and buckets kept whole are all-gathered, as after an optimizer step.
-    pub(super) fn params_from_master(&mut self) -> Result<(), EngineError> {
+    pub(in crate::engine) fn params_from_master(&mut self) -> Result<(), EngineError> {
         if self.offload.is_some() {
             self.offloaded_params_from_master()?;
             return self.publish_params();
@@ -374,9 +520,118 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.finish_gathers(gathers)
     }
 
+    /// Takes a run's training state read elsewhere (another framework's checkpoint):
+    /// every parameter's whole fp32 master weights and Adam moments, by name, and the
+    /// counters. Each rank keeps what it holds of each parameter; the 16-bit parameters
+    /// are rounded from the master weights, as after a load. All or nothing, like
+    /// [`load_checkpoint`](Self::load_checkpoint): a rank whose values do not fit the
+    /// model (an unknown or missing name, a wrong length) fails every rank, and nothing
+    /// changes.
+    pub fn import_state(&mut self, state: &ImportedState) -> Result<(), EngineError> {
+        self.require_boundary("import_state")?;
+        let staged = self.stage_import(state);
+        let outcome = staged.as_ref().map(|_| ()).map_err(|e| match e {
+            EngineError::Checkpoint(c) => c.clone(),
+            other => CheckpointError::Io(other.to_string()),
+        });
+        if let Err(e) =
+            self.agree_outcome(outcome, "agreeing that every rank took the imported state")
+        {
+            if let Ok(staged) = staged {
+                self.discard(staged);
+            }
+            return Err(e);
+        }
+        self.apply(staged?, LoadOptions::default())?;
+        Ok(())
+    }
+
+    fn stage_import(&mut self, state: &ImportedState) -> Result<Staged<C::Buffer>, EngineError> {
+        let mismatch = |reason: String| CheckpointError::Mismatch {
+            path: "the imported state".into(),
+            reason,
+        };
+        let mut by_name: HashMap<&str, usize> = HashMap::new();
+        for id in 0..self.param_count() {
+            let spec = self.param_spec(id);
+            for alias in &spec.aliases {
+                by_name.insert(alias.as_str(), id);
+            }
+        }
+        let names: Vec<String> = (0..self.param_count())
+            .map(|id| self.param_name(id))
+            .collect();
+        for (id, n) in names.iter().enumerate() {
+            by_name.insert(n.as_str(), id);
+        }
+        let mut params: Vec<Option<&ImportedParam>> = vec![None; self.param_count()];
+        for (name, p) in &state.params {
+            let Some(&id) = by_name.get(name.as_str()) else {
+                if state.strict {
+                    return Err(
+                        mismatch(format!("`{name}` is not a parameter of the model")).into(),
+                    );
+                }
+                continue;
+            };
+            let numel = self.param_spec(id).numel();
+            let lens = [
+                Some(p.master.len()),
+                p.moments.as_ref().map(|m| m.0.len()),
+                p.moments.as_ref().map(|m| m.1.len()),
+            ];
+            if lens.iter().flatten().any(|&n| n != numel) {
+                return Err(mismatch(format!(
+                    "`{name}` has {numel} elements in the model, but {:?} values were given",
+                    lens.iter().flatten().collect::<Vec<_>>()
+                ))
+                .into());
+            }
+            params[id] = Some(p);
+        }
+        if state.strict {
+            if let Some(id) = params.iter().position(|p| p.is_none()) {
+                return Err(mismatch(format!(
+                    "the model's parameter `{}` has no value",
+                    names[id]
+                ))
+                .into());
+            }
+        }
+        let (opt, frozen, offload) = self.stage_from(&mut MemorySource { params }, true)?;
+        Ok(Staged {
+            opt,
+            frozen,
+            offload,
+            resume: Resume {
+                steps: crate::checkpoint::format::Steps {
+                    optimizer: state.optimizer_steps,
+                    skipped: state.skipped_steps,
+                    global: state.global_steps,
+                },
+                scaler: state.loss_scaler,
+                lr_last_batch_iteration: state.lr_last_batch_iteration,
+                client_state: serde_json::Value::Null,
+            },
+        })
+    }
+
     /// Bytes the last `load_checkpoint` on this rank asked for and read from the
     /// checkpoint's data files (whole chunks of the ranges it loads).
     pub fn last_load_read_stats(&self) -> crate::io::ReadStats {
         self.last_load_stats
+    }
+}
+
+/// The arrays a load reads: the master weights, and the moments with `moments`.
+fn kinds(moments: bool) -> &'static [(StateKind, usize)] {
+    if moments {
+        &[
+            (StateKind::Master, 0),
+            (StateKind::ExpAvg, 1),
+            (StateKind::ExpAvgSq, 2),
+        ]
+    } else {
+        &[(StateKind::Master, 0)]
     }
 }

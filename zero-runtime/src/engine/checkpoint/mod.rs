@@ -12,6 +12,8 @@ mod model16;
 mod save;
 mod set;
 
+pub use load::{ImportedParam, ImportedState};
+
 use super::Engine;
 use crate::device::Device;
 use crate::plan::ParamLoc;
@@ -93,9 +95,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         sink(0, &vals)
     }
 
-    /// The LR the next optimizer step uses.
+    /// The LR the next optimizer step uses (parameter group 0's; every group's:
+    /// [`group_lrs`](Self::group_lrs)).
     pub fn lr(&self) -> f64 {
-        self.schedule.lr()
+        self.schedule.lr_for(self.groups[0].lr as f64)
     }
 
     /// `module.param`: the name a checkpoint stores parameter `id` under.

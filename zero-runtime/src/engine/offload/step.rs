@@ -34,7 +34,8 @@ fn io(e: crate::io::IoError) -> EngineError {
     EngineError::Device(e.to_string())
 }
 
-/// The fused CPU Adam over one sub-group: `grads[..n]` and `params[..n]` in their dtypes.
+/// The fused CPU Adam over `n = master.len()` elements: `grads[at..at + n]` and
+/// `params[at..at + n]` in their dtypes.
 #[allow(clippy::too_many_arguments)]
 fn cpu_adam(
     cfg: &AdamConfig,
@@ -45,6 +46,7 @@ fn cpu_adam(
     v: &mut [f32],
     grads: &HostBuffer,
     params: &mut HostBuffer,
+    at: usize,
 ) -> Result<(), EngineError> {
     let n = master.len();
     macro_rules! run {
@@ -57,8 +59,8 @@ fn cpu_adam(
                     master,
                     m,
                     v,
-                    &$g[..n],
-                    Some(&mut p[..n]),
+                    &$g[at..at + n],
+                    Some(&mut p[at..at + n]),
                 ),
                 HostBuffer::F16(p) => adam_step(
                     cfg,
@@ -67,8 +69,8 @@ fn cpu_adam(
                     master,
                     m,
                     v,
-                    &$g[..n],
-                    Some(&mut p[..n]),
+                    &$g[at..at + n],
+                    Some(&mut p[at..at + n]),
                 ),
                 HostBuffer::BF16(p) => adam_step(
                     cfg,
@@ -77,8 +79,8 @@ fn cpu_adam(
                     master,
                     m,
                     v,
-                    &$g[..n],
-                    Some(&mut p[..n]),
+                    &$g[at..at + n],
+                    Some(&mut p[at..at + n]),
                 ),
             }
         };
@@ -94,30 +96,21 @@ fn cpu_adam(
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Adam over every sub-group of the offloaded state; the 16-bit parameters of each go
     /// back to the device's buffers (the all-gathers follow, as on the device).
-    pub(in crate::engine) fn offloaded_adam(
-        &mut self,
-        adam: &AdamConfig,
-        grad_scale: f32,
-    ) -> Result<(), EngineError> {
+    pub(in crate::engine) fn offloaded_adam(&mut self, grad_scale: f32) -> Result<(), EngineError> {
         let mut off = self
             .offload
             .take()
             .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
         off.uncache();
         let r = match off.store {
-            Store::Host(_) => self.host_pass(&mut off, adam, grad_scale),
-            Store::Nvme { .. } => self.nvme_pass(&mut off, adam, grad_scale),
+            Store::Host(_) => self.host_pass(&mut off, grad_scale),
+            Store::Nvme { .. } => self.nvme_pass(&mut off, grad_scale),
         };
         self.offload = Some(off);
         r
     }
 
-    fn host_pass(
-        &mut self,
-        off: &mut Offload,
-        adam: &AdamConfig,
-        scale: f32,
-    ) -> Result<(), EngineError> {
+    fn host_pass(&mut self, off: &mut Offload, scale: f32) -> Result<(), EngineError> {
         for i in 0..off.groups.len() {
             let g = off.groups[i].clone();
             let Store::Host(per) = &mut off.store else {
@@ -128,7 +121,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let (grads, params) = (&mut off.grads, &mut off.params);
             self.step_group(
                 &g,
-                adam,
                 scale,
                 &mut master[r.clone()],
                 &mut m[r.clone()],
@@ -141,12 +133,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// NVMe: block i+1 (and i+2) is read while block i is stepped and block i−1 written.
-    fn nvme_pass(
-        &mut self,
-        off: &mut Offload,
-        adam: &AdamConfig,
-        scale: f32,
-    ) -> Result<(), EngineError> {
+    fn nvme_pass(&mut self, off: &mut Offload, scale: f32) -> Result<(), EngineError> {
         let Store::Nvme { file, buffers, .. } = &mut off.store else {
             return Err(EngineError::Internal("NVMe pass on another tier".into()));
         };
@@ -183,7 +170,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     let (master, rest) = all[..3 * n].split_at_mut(n);
                     let (m, v) = rest.split_at_mut(n);
                     let (grads, params) = (&mut off.grads, &mut off.params);
-                    self.step_group(g, adam, scale, master, m, v, grads, params)?;
+                    self.step_group(g, scale, master, m, v, grads, params)?;
                 }
                 writes.push_back(file.write(buf, g.offset, g.block).map_err(io)?);
             }
@@ -218,7 +205,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn step_group(
         &mut self,
         g: &SubGroup,
-        adam: &AdamConfig,
         scale: f32,
         master: &mut [f32],
         m: &mut [f32],
@@ -227,6 +213,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         params: &mut HostBuffer,
     ) -> Result<(), EngineError> {
         let b = g.bucket;
+        let runs = self.adam_runs(b);
         let (_, grange) = self.step_grads(b)?;
         let from = grange.start + g.range.start;
         let chunk = params.len().max(1);
@@ -254,16 +241,30 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } else {
                 (&mut *next, &mut *cur)
             };
-            cpu_adam(
-                adam,
-                self.optimizer_steps,
-                scale,
-                &mut master[r.clone()],
-                &mut m[r.clone()],
-                &mut v[r.clone()],
-                now,
-                params,
-            )?;
+            // Each parameter group's part of the chunk with its own hyper-parameters.
+            let chunk_at = g.range.start + r.start;
+            for run in &runs {
+                let (s, e) = (
+                    run.range.start.max(chunk_at),
+                    run.range.end.min(chunk_at + n),
+                );
+                if s >= e {
+                    continue;
+                }
+                let local = s - chunk_at..e - chunk_at;
+                let sub = r.start + local.start..r.start + local.end;
+                cpu_adam(
+                    &run.cfg,
+                    self.optimizer_steps,
+                    scale,
+                    &mut master[sub.clone()],
+                    &mut m[sub.clone()],
+                    &mut v[sub],
+                    now,
+                    params,
+                    local.start,
+                )?;
+            }
             if let Some(following) = chunks.get(k + 1) {
                 fetch(self, following, ahead)?;
             }

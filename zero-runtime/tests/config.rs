@@ -143,6 +143,13 @@ fn known_but_unsupported_keys_say_so() {
         msg.contains("offload_optimizer.ratio") && msg.contains("Twin-Flow"),
         "{msg}"
     );
+    // At stage 3 DeepSpeed's partial offload is accepted: zero offloads all of it.
+    let c = parse(
+        r#""zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}"#,
+        2,
+    )
+    .unwrap();
+    assert!(c.notes.iter().any(|n| n.contains("ratio")), "{:?}", c.notes);
     assert!(parse(
         r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}"#,
         2

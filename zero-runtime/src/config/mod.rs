@@ -7,8 +7,8 @@
 //! # `"auto"`
 //! - Batch keys: derived from the others (see [`ZeroConfig::from_json`]).
 //! - Every other key: DeepSpeed's default for that key, except `warmup_max_lr`, which is
-//!   the optimizer's `lr` (as DeepSpeed's `WarmupLR` does when it is unset), and a
-//!   scheduler's `total_num_steps`, which has no default and is an error.
+//!   each parameter group's `lr` (as DeepSpeed's schedulers take it when it is unset), and
+//!   a scheduler's `total_num_steps`, which has no default and is an error.
 
 mod json;
 mod offload;
@@ -953,6 +953,15 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
     }
     let legacy = offload::Legacy::read(&o, notes)?;
     let offload_optimizer = offload::offload_optimizer(&o, &legacy)?;
+    if offload_optimizer.partial {
+        if stage != 3 {
+            return Err(ConfigError::Unsupported {
+                key: o.path("offload_optimizer.ratio"),
+                reason: "a ratio below 1 is DeepSpeed's stage-3 partial offload (Twin-Flow); at stages 1-2 the whole optimizer state is offloaded (ratio 1.0)".into(),
+            });
+        }
+        notes.push("zero_optimization.offload_optimizer.ratio below 1: zero offloads the whole optimizer state (the numbers are DeepSpeed's partial offload's; only where the state lives differs)".into());
+    }
     let offload_param = offload::offload_param(&o, &legacy)?;
     if offload_optimizer.device != OffloadDevice::None && stage == 0 {
         return Err(ConfigError::Inconsistent(

@@ -38,6 +38,10 @@ pub struct OffloadOptimizerConfig {
     pub pipeline_write: bool,
     /// `fast_init` (false): accepted.
     pub fast_init: bool,
+    /// `ratio` below 1: DeepSpeed's partial offload (stage 3 keeps the first sub-groups'
+    /// state on the device). zero offloads all of it: the numbers are the same, only where
+    /// the state lives differs.
+    pub partial: bool,
 }
 
 /// `zero_optimization.offload_param` (stage 3).
@@ -82,6 +86,7 @@ impl Default for OffloadOptimizerConfig {
             pipeline_read: false,
             pipeline_write: false,
             fast_init: false,
+            partial: false,
         }
     }
 }
@@ -166,14 +171,10 @@ pub(super) fn offload_optimizer(
         &[],
     )?;
     let ratio = o.f64_or("ratio", 1.0)?;
-    if ratio != 1.0 {
-        return Err(ConfigError::Unsupported {
-            key: o.path("ratio"),
-            reason: format!(
-                "{ratio}: zero offloads the whole optimizer state (ratio 1.0); a partial offload (Twin-Flow) is not built"
-            ),
-        });
+    if !(ratio > 0.0 && ratio <= 1.0) {
+        return Err(o.invalid("ratio", &format!("{ratio}: expected a fraction in (0, 1]")));
     }
+    cfg.partial = ratio < 1.0;
     cfg.device = device(&o)?;
     cfg.nvme_path = nvme_path(&o, cfg.device)?;
     cfg.pin_memory = o.bool_or("pin_memory", cfg.pin_memory)?;

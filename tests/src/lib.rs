@@ -249,6 +249,24 @@ where
     })
 }
 
+/// Parameters of the MLP, `[layer][weight, bias]`, as f32.
+pub type Params = Vec<Vec<Vec<f32>>>;
+
+/// Every parameter's bit pattern, in order (for bit-equality assertions).
+pub fn bits(p: &Params) -> Vec<u32> {
+    p.iter().flatten().flatten().map(|x| x.to_bits()).collect()
+}
+
+/// The largest absolute difference between two sets of parameters.
+pub fn max_diff(a: &Params, b: &Params) -> f32 {
+    a.iter()
+        .flatten()
+        .flatten()
+        .zip(b.iter().flatten().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 /// The single-process reference: plain Adam/AdamW (torch's formula, in f64) on the mean
 /// gradient of the whole global batch, clipped as DeepSpeed clips. Master weights start
 /// from `round(init)` in the run's precision, as the engine's do.
@@ -287,6 +305,18 @@ impl Reference {
             params,
             step: 0,
         }
+    }
+
+    /// The parameters, rounded to f32.
+    pub fn params_f32(&self) -> Params {
+        self.params
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|p| p.iter().map(|x| *x as f32).collect())
+                    .collect()
+            })
+            .collect()
     }
 
     /// One step on `batch` (the whole global batch) with the config's hyper-parameters.

@@ -7,7 +7,8 @@
 
 use zero_runtime::ZeroConfig;
 use zero_tests::{
-    dataset, full_params, mlp_config, run_ranks, seed, train_step, Reference, MICRO_BATCH,
+    bits, dataset, full_params, max_diff, mlp_config, run_ranks, seed, train_step, Params,
+    Reference, MICRO_BATCH,
 };
 
 const STEPS: usize = 20;
@@ -16,8 +17,6 @@ const MICRO: usize = MICRO_BATCH;
 fn config(stage: u8, precision: &str, accum: usize, overlap: bool) -> String {
     mlp_config(stage, precision, accum, 0.5, overlap)
 }
-
-type Params = Vec<Vec<Vec<f32>>>;
 
 fn train(world: usize, stage: u8, precision: &str, accum: usize, seed: u64) -> Params {
     let data = dataset(seed, STEPS * world * MICRO * accum);
@@ -55,10 +54,6 @@ fn train(world: usize, stage: u8, precision: &str, accum: usize, seed: u64) -> P
     results.into_iter().next().unwrap_or_default()
 }
 
-fn bits(p: &Params) -> Vec<u32> {
-    p.iter().flatten().flatten().map(|x| x.to_bits()).collect()
-}
-
 fn reference(world: usize, precision: &str, accum: usize, seed: u64) -> Params {
     let cfg = ZeroConfig::from_json_str(&config(0, precision, accum, false), world).unwrap();
     let round: fn(f32) -> f32 = match precision {
@@ -72,14 +67,7 @@ fn reference(world: usize, precision: &str, accum: usize, seed: u64) -> Params {
     for s in 0..STEPS {
         r.step(&cfg, &data[s * b..(s + 1) * b]);
     }
-    r.params
-        .iter()
-        .map(|l| {
-            l.iter()
-                .map(|p| p.iter().map(|x| *x as f32).collect())
-                .collect()
-        })
-        .collect()
+    r.params_f32()
 }
 
 fn mean_diff(a: &Params, b: &Params) -> f32 {
@@ -91,15 +79,6 @@ fn mean_diff(a: &Params, b: &Params) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .collect();
     d.iter().sum::<f32>() / d.len().max(1) as f32
-}
-
-fn max_diff(a: &Params, b: &Params) -> f32 {
-    a.iter()
-        .flatten()
-        .flatten()
-        .zip(b.iter().flatten().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -13,24 +13,10 @@ use zero_runtime::{
     ZeroConfig,
 };
 use zero_tests::{
-    consolidate, dataset, full_params, init_values, loss_and_grads, micro_batch, mlp_config,
-    mlp_modules, run_ranks, run_ranks_model, seed, train_step, Reference, DIMS, MICRO_BATCH,
+    bits, consolidate, dataset, full_params, init_values, loss_and_grads, max_diff, micro_batch,
+    mlp_config, mlp_modules, run_ranks, run_ranks_model, seed, train_step, Params, Reference, DIMS,
+    MICRO_BATCH,
 };
-
-type Params = Vec<Vec<Vec<f32>>>;
-
-fn bits(p: &Params) -> Vec<u32> {
-    p.iter().flatten().flatten().map(|x| x.to_bits()).collect()
-}
-
-fn max_diff(a: &Params, b: &Params) -> f32 {
-    a.iter()
-        .flatten()
-        .flatten()
-        .zip(b.iter().flatten().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 /// The MLP with its biases in parameter group 1 (no weight decay on biases, as most
 /// recipes do).
@@ -122,15 +108,7 @@ fn parameter_groups_step_with_their_own_hyper_parameters_in_every_stage() {
                     }
                 });
             }
-            let want: Params = reference
-                .params
-                .iter()
-                .map(|l| {
-                    l.iter()
-                        .map(|p| p.iter().map(|x| *x as f32).collect())
-                        .collect()
-                })
-                .collect();
+            let want = reference.params_f32();
             let tol = if precision == "fp32" { 1e-3 } else { 0.05 };
             let d = max_diff(&runs[0], &want);
             println!("world {world} {precision}: groups within {d:.2e} of the reference");
@@ -507,6 +485,83 @@ fn an_external_optimizer_gets_the_shard_and_gives_the_fused_steps_bits() {
                 "world {world} stage {stage} {precision} accum {accum}: the external step differs from the fused one (max {:e})",
                 max_diff(&built_in[0], &external[0])
             );
+        }
+    }
+}
+
+#[test]
+fn external_pieces_place_every_parameter_in_the_shard() {
+    // Stage 0: each parameter whole in its group's shard, holding its fp32 values (a
+    // front end shapes views of the shard like the parameters). Stages 1–3: the ranks'
+    // pieces of each parameter cover its elements once.
+    let s = seed("external pieces");
+    for (world, stage) in [(3usize, 0u8), (3, 1), (3, 2), (3, 3), (1, 0)] {
+        let cfg = external_config(&mlp_config(stage, "fp32", 1, 0.0, false));
+        let comms = HostGroup::with_timeout(world, Duration::from_secs(30)).unwrap();
+        let per_rank = run_ranks_model(
+            comms,
+            || HostDevice,
+            &cfg,
+            s,
+            grouped_modules,
+            |e| {
+                let params = full_params(e).unwrap();
+                (0..e.group_count())
+                    .map(|g| {
+                        let len = e.external_group_len(g);
+                        let mut master = vec![f32::NAN; len];
+                        e.external_read(g, ExternalArray::Master, &mut master)
+                            .unwrap();
+                        let pieces = e.external_group_pieces(g).unwrap();
+                        for w in pieces.windows(2) {
+                            assert!(w[0].shard.end <= w[1].shard.start, "{pieces:?}");
+                        }
+                        for p in &pieces {
+                            assert!(
+                                p.shard.end <= len && p.shard.len() == p.elements.len(),
+                                "{p:?}"
+                            );
+                            let want = &params[p.module][p.param][p.elements.clone()];
+                            let got = &master[p.shard.clone()];
+                            assert!(
+                                got.iter()
+                                    .zip(want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{p:?}: the shard does not hold the parameter's values"
+                            );
+                        }
+                        pieces
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
+        let modules = grouped_modules();
+        for (m, module) in modules.iter().enumerate() {
+            for (k, spec) in module.params.iter().enumerate() {
+                let mut covered = vec![0u32; spec.numel()];
+                for rank in &per_rank {
+                    for (g, pieces) in rank.iter().enumerate() {
+                        for p in pieces.iter().filter(|p| (p.module, p.param) == (m, k)) {
+                            assert_eq!(g, spec.group, "{p:?}");
+                            if stage == 0 {
+                                assert_eq!(
+                                    p.elements,
+                                    0..spec.numel(),
+                                    "stage 0 keeps {p:?} whole"
+                                );
+                            }
+                            covered[p.elements.clone()].iter_mut().for_each(|c| *c += 1);
+                        }
+                    }
+                }
+                let want = if stage == 0 { world as u32 } else { 1 };
+                assert!(
+                    covered.iter().all(|&c| c == want),
+                    "world {world} stage {stage}: {}.{} is not covered {want} time(s)",
+                    module.name,
+                    spec.name
+                );
+            }
         }
     }
 }

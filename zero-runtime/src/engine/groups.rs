@@ -57,6 +57,19 @@ pub(super) fn bucket_runs(
     merged
 }
 
+/// One parameter's stretch of an external optimizer's shard of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalPiece {
+    /// The parameter's module index.
+    pub module: usize,
+    /// Its index among the module's parameters.
+    pub param: usize,
+    /// Where it lies in the group's shard.
+    pub shard: Range<usize>,
+    /// Which of the parameter's elements (in its flat order) those are.
+    pub elements: Range<usize>,
+}
+
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The number of optimizer parameter groups (one more than the highest
     /// [`ParamSpec::group`](crate::ParamSpec::group)).
@@ -87,16 +100,66 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             })
         })?;
         self.groups[g] = cfg;
+        self.base_lrs[g] = cfg.lr as f64;
+        Ok(())
+    }
+
+    /// Sets group `g`'s base LR in full precision (what a schedule starts from, as
+    /// DeepSpeed's schedulers compute in f64; the step rounds the result to f32).
+    pub fn set_group_lr(&mut self, g: usize, lr: f64) -> Result<(), EngineError> {
+        let cfg = AdamConfig {
+            lr: lr as f32,
+            ..self.group(g)?
+        };
+        self.set_group(g, cfg)?;
+        self.base_lrs[g] = lr;
         Ok(())
     }
 
     /// The LR each group's next optimizer step uses (the schedule applied to each
     /// group's base LR).
     pub fn group_lrs(&self) -> Vec<f64> {
-        self.groups
+        self.base_lrs
             .iter()
-            .map(|g| self.schedule.lr_for(g.lr as f64))
+            .map(|&lr| self.schedule.lr_for(lr))
             .collect()
+    }
+
+    /// Where each parameter of group `g` lies in the group's external shard (see
+    /// [`external_group_len`](Self::external_group_len)): the elements of it this rank
+    /// steps, in shard order. In stage 0 every parameter is whole, so a front-end can hand
+    /// an optimizer views shaped like the parameters, as DeepSpeed's stage 0 steps them.
+    pub fn external_group_pieces(&self, g: usize) -> Result<Vec<ExternalPiece>, EngineError> {
+        self.group(g)?;
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for (b, bucket) in self.plan.buckets.iter().enumerate() {
+            let held = self.opt_start(b)?;
+            for (run, rg) in &self.runs[b] {
+                if *rg != g {
+                    continue;
+                }
+                let (s0, e0) = (held + run.start, held + run.end);
+                for (i, &id) in bucket.params.iter().enumerate() {
+                    let t = bucket.layout.tensor_range(i);
+                    let (s, e) = (t.start.max(s0), t.end.min(e0));
+                    if s >= e {
+                        continue;
+                    }
+                    // The module whose first parameter is the last one at or before `id`.
+                    let module = self.first_param.partition_point(|&f| f <= id) - 1;
+                    let param = id - self.first_param[module];
+                    pieces.push(ExternalPiece {
+                        module,
+                        param,
+                        shard: at + (s - s0)..at + (e - s0),
+                        elements: s - t.start..e - t.start,
+                    });
+                }
+                at += run.len();
+            }
+        }
+        Ok(pieces)
     }
 
     /// Bucket `b`'s runs with the hyper-parameters of this step.
@@ -106,7 +169,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .map(|(range, g)| AdamRun {
                 range: range.clone(),
                 cfg: AdamConfig {
-                    lr: self.schedule.lr_for(self.groups[*g].lr as f64) as f32,
+                    lr: self.schedule.lr_for(self.base_lrs[*g]) as f32,
                     ..self.groups[*g]
                 },
             })

@@ -25,6 +25,7 @@ mod step;
 mod views;
 
 pub use checkpoint::{ImportedParam, ImportedState, StatePiece};
+pub use groups::ExternalPiece;
 pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 pub use step::ExternalArray;
 
@@ -153,6 +154,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     param_tier: Option<offload::ParamTier>,
     /// Each optimizer parameter group's hyper-parameters (`lr`: the group's base LR).
     groups: Vec<zero_kernels::AdamConfig>,
+    /// Each group's base LR in full precision (the schedule starts from it).
+    base_lrs: Vec<f64>,
     /// Per bucket: the runs of its held optimizer range, each with its group.
     runs: Vec<Vec<(std::ops::Range<usize>, usize)>>,
     /// A step handed to an external optimizer, begun and not yet finished.
@@ -312,6 +315,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 .unwrap_or_else(|| zero_kernels::AdamConfig::adam(1e-3)),
             None => zero_kernels::AdamConfig::adam(1e-3),
         };
+        // The config's lr as written (f64), not its f32 rounding: schedules compute in f64.
+        let base_lr = cfg
+            .optimizer
+            .as_ref()
+            .and_then(|o| o.params.get("lr"))
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(base.lr as f64);
         let group_count = 1 + modules
             .iter()
             .flat_map(|m| &m.params)
@@ -333,8 +343,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
-            schedule: LrSchedule::new(base.lr as f64, cfg.scheduler),
+            schedule: LrSchedule::new(base_lr, cfg.scheduler),
             groups: vec![base; group_count],
+            base_lrs: vec![base_lr; group_count],
             runs,
             external: None,
             frozen: dev.zeros(dtype, plan.frozen_len)?,

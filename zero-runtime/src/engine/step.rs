@@ -36,8 +36,13 @@ pub(super) struct External {
 pub enum ExternalArray {
     /// The fp32 master weights of the group's held elements.
     Master,
-    /// Their reduced gradients, unscaled and clipped, as fp32.
+    /// Their reduced gradients, unscaled and clipped, as fp32 (during an external step).
     Grad,
+    /// The engine's own first moments (what `import_state` put there, for an external
+    /// Adam to start from).
+    ExpAvg,
+    /// The engine's own second moments.
+    ExpAvgSq,
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -193,18 +198,29 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .sum()
     }
 
-    /// Reads group `g`'s master weights or gradients (unscaled and clipped) into `out`
-    /// (of [`external_group_len`](Self::external_group_len) elements), during a step
-    /// begun by [`step_external_begin`](Self::step_external_begin).
+    /// Reads group `g`'s master weights, moments, or (during a step begun by
+    /// [`step_external_begin`](Self::step_external_begin)) gradients, unscaled and clipped,
+    /// into `out` (of [`external_group_len`](Self::external_group_len) elements).
     pub fn external_read(
         &mut self,
         g: usize,
         what: ExternalArray,
         out: &mut [f32],
     ) -> Result<(), EngineError> {
-        let p = self.external.ok_or_else(|| {
-            EngineError::Order("external_read outside a step begun by step_external_begin".into())
-        })?;
+        let scale = match (what, self.external) {
+            (ExternalArray::Grad, None) => {
+                return Err(EngineError::Order(
+                    "external_read of gradients outside a step begun by step_external_begin".into(),
+                ))
+            }
+            (_, p) => p.map(|p| p.grad_scale).unwrap_or(1.0),
+        };
+        if self.offload.is_some() {
+            return Err(EngineError::Order(
+                "external_read: the optimizer state is offloaded (an external optimizer cannot be)"
+                    .into(),
+            ));
+        }
         self.check_external_len(g, out.len())?;
         let mut at = 0;
         for b in 0..self.buckets.len() {
@@ -214,9 +230,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
                 let dst = &mut out[at..at + r.len()];
                 match what {
-                    ExternalArray::Master => {
-                        self.dev
-                            .download_f32_into(&self.buckets[b].opt.master, r.clone(), dst)?
+                    ExternalArray::Master | ExternalArray::ExpAvg | ExternalArray::ExpAvgSq => {
+                        let kind = match what {
+                            ExternalArray::Master => 0,
+                            ExternalArray::ExpAvg => 1,
+                            _ => 2,
+                        };
+                        self.dev.download_f32_into(
+                            self.buckets[b].opt.array(kind),
+                            r.clone(),
+                            dst,
+                        )?
                     }
                     ExternalArray::Grad => {
                         let (buf, start) = self.held_grads(b)?;
@@ -224,7 +248,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         self.dev
                             .download_f32_into(buf, first..first + r.len(), dst)?;
                         for x in dst.iter_mut() {
-                            *x *= p.grad_scale;
+                            *x *= scale;
                         }
                     }
                 }

@@ -98,7 +98,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The LR the next optimizer step uses (parameter group 0's; every group's:
     /// [`group_lrs`](Self::group_lrs)).
     pub fn lr(&self) -> f64 {
-        self.schedule.lr_for(self.groups[0].lr as f64)
+        self.schedule.lr_for(self.base_lrs[0])
     }
 
     /// `module.param`: the name a checkpoint stores parameter `id` under.
@@ -126,7 +126,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Where bucket `b`'s optimizer state starts in the flat layout (its buffers hold the
     /// owned partition in stages 1–3, the whole bucket in stage 0).
-    fn opt_start(&self, b: usize) -> Result<usize, EngineError> {
+    pub(in crate::engine) fn opt_start(&self, b: usize) -> Result<usize, EngineError> {
         Ok(if self.policy.shards_optimizer() {
             self.plan.buckets[b]
                 .layout

@@ -19,7 +19,11 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use zero_kernels::DType;
-use zero_runtime::{LoadOptions, ZeroConfig};
+use zero_runtime::kernels::{AdamConfig, WeightDecay};
+use zero_runtime::scaler::{DynamicState, ScalerState};
+use zero_runtime::{
+    ExternalArray, ImportedParam, ImportedState, LoadOptions, StepOutcome, ZeroConfig,
+};
 
 /// Runs `$body` with `$e` bound to the engine inside `$inner`, whichever device it is on.
 macro_rules! with_engine {
@@ -30,6 +34,23 @@ macro_rules! with_engine {
         }
     };
 }
+
+/// One parameter's stretch of an external shard, as Python gets it: `(module, k,
+/// shard_start, shard_end, element_start, element_end)`.
+type PieceTuple = (usize, usize, usize, usize, usize, usize);
+
+/// One parameter's state as Python hands it to `import_state`: its name, then its whole
+/// master weights, `exp_avg` and `exp_avg_sq` (the moments may be `None`).
+type ImportedTensors<'py> = (
+    String,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+);
+
+/// A loss scaler's state from Python: the scale, and for a dynamic scaler
+/// `(cur_iter, last_overflow_iter, cur_hysteresis)`.
+type LossScaleState = (f64, Option<(i64, i64, u64)>);
 
 /// zero's engine for this process's rank.
 #[pyclass(module = "zero_torch._native")]
@@ -74,7 +95,7 @@ impl NativeEngine {
     /// the device) and builds the engine on `device`: `"cpu"` (one process per rank over
     /// shared memory) or `"cuda"` (the process's GPU, NCCL).
     #[new]
-    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu"))]
+    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", rendezvous_port=None))]
     fn new(
         py: Python<'_>,
         config_json: &str,
@@ -82,9 +103,10 @@ impl NativeEngine {
         values: Vec<Vec<Bound<'_, PyAny>>>,
         timeout_s: f64,
         device: &str,
+        rendezvous_port: Option<u16>,
     ) -> PyResult<Self> {
         let model = Model::read(modules, &values)?;
-        let env = start::launch_env()?;
+        let env = start::launch_env_at(rendezvous_port)?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
         let inner = match device {
             "cpu" => start::host(py, &env, config_json, model, timeout)?,
@@ -273,12 +295,199 @@ impl NativeEngine {
     /// `grad_norm`, `loss_scale` and `lr`.
     fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = detached!(self, py, e => e.step())?;
-        let d = PyDict::new(py);
-        d.set_item("skipped", out.skipped)?;
-        d.set_item("grad_norm", out.grad_norm)?;
-        d.set_item("loss_scale", out.loss_scale)?;
-        d.set_item("lr", out.lr)?;
-        Ok(d)
+        outcome_dict(py, &out)
+    }
+
+    /// The next pass's gradients add to those of the micro-step that just ended (a
+    /// second `backward()` before `step()`).
+    fn reopen_micro_step(&self, py: Python<'_>) -> PyResult<()> {
+        detached!(self, py, e => e.reopen_micro_step())
+    }
+
+    /// The number of optimizer parameter groups.
+    fn group_count(&self) -> PyResult<usize> {
+        Ok(held!(self, e => e.group_count()))
+    }
+
+    /// Sets parameter group `g`'s hyper-parameters for the next steps (`lr` is the
+    /// group's base LR; a config scheduler starts from it).
+    #[pyo3(signature = (g, lr, beta1, beta2, eps, weight_decay, decoupled, bias_correction))]
+    #[allow(clippy::too_many_arguments)]
+    fn set_group(
+        &self,
+        g: usize,
+        lr: f64,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        decoupled: bool,
+        bias_correction: bool,
+    ) -> PyResult<()> {
+        let cfg = AdamConfig {
+            lr: lr as f32,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decay: if decoupled {
+                WeightDecay::Decoupled
+            } else {
+                WeightDecay::L2
+            },
+            bias_correction,
+        };
+        let mut guard = self.lock()?;
+        with_engine!(&mut *guard, e => e.set_group(g, cfg).and_then(|()| e.set_group_lr(g, lr)))
+            .map_err(to_py)
+    }
+
+    /// Sets parameter group `g`'s base LR (in full precision), keeping its other
+    /// hyper-parameters: what an external optimizer's schedule starts from.
+    fn set_group_lr(&self, g: usize, lr: f64) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        with_engine!(&mut *guard, e => e.set_group_lr(g, lr)).map_err(to_py)
+    }
+
+    /// The LR each parameter group's next step uses.
+    fn group_lrs(&self) -> PyResult<Vec<f64>> {
+        Ok(held!(self, e => e.group_lrs()))
+    }
+
+    /// The config's optimizer: `None`, or `(type, is_adam, params as JSON)`.
+    fn optimizer(&self) -> PyResult<Option<(String, bool, String)>> {
+        Ok(held!(self, e => e
+            .config()
+            .optimizer
+            .as_ref()
+            .map(|o| (o.name.clone(), o.adam.is_some(), o.params.to_string()))))
+    }
+
+    /// The first half of a step for an optimizer zero does not run itself: `None` when
+    /// the step goes on (read each group with `external_read`, then
+    /// `step_external_finish`), else the skipped step's outcome.
+    fn step_external_begin<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match detached!(self, py, e => e.step_external_begin())? {
+            None => Ok(None),
+            Some(out) => Ok(Some(outcome_dict(py, &out)?)),
+        }
+    }
+
+    /// Elements of parameter group `g` this rank steps.
+    fn external_group_len(&self, g: usize) -> PyResult<usize> {
+        Ok(held!(self, e => e.external_group_len(g)))
+    }
+
+    /// Where each parameter of group `g` lies in the group's shard: a list of
+    /// `(module, k, shard_start, shard_end, element_start, element_end)`, in shard order.
+    fn external_group_pieces(&self, g: usize) -> PyResult<Vec<PieceTuple>> {
+        let pieces = held!(self, e => e.external_group_pieces(g)).map_err(to_py)?;
+        Ok(pieces
+            .into_iter()
+            .map(|p| {
+                (
+                    p.module,
+                    p.param,
+                    p.shard.start,
+                    p.shard.end,
+                    p.elements.start,
+                    p.elements.end,
+                )
+            })
+            .collect())
+    }
+
+    /// Copies parameter group `g`'s master weights (`what="master"`), the engine's Adam
+    /// moments (`"exp_avg"`, `"exp_avg_sq"`) or, during an external step, its unscaled,
+    /// clipped gradients (`"grad"`) into the float32 CPU tensor `out`.
+    fn external_read(&self, g: usize, what: &str, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let kind = match what {
+            "master" => ExternalArray::Master,
+            "grad" => ExternalArray::Grad,
+            "exp_avg" => ExternalArray::ExpAvg,
+            "exp_avg_sq" => ExternalArray::ExpAvgSq,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "external_read reads \"master\", \"grad\", \"exp_avg\" or \"exp_avg_sq\", not {other:?}"
+                )))
+            }
+        };
+        let n = held!(self, e => e.external_group_len(g));
+        let mut vals = vec![0f32; n];
+        let mut guard = self.lock()?;
+        with_engine!(&mut *guard, e => e.external_read(g, kind, &mut vals)).map_err(to_py)?;
+        write::<f32>(&out, &vals)
+    }
+
+    /// The second half of an external step: each group's new master weights (float32
+    /// tensors, as read).
+    fn step_external_finish<'py>(
+        &self,
+        py: Python<'py>,
+        masters: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let vals = masters
+            .iter()
+            .map(tensors::read_f32)
+            .collect::<PyResult<Vec<_>>>()?;
+        let refs: Vec<&[f32]> = vals.iter().map(|v| &v[..]).collect();
+        let out = detached!(self, py, e => e.step_external_finish(&refs))?;
+        outcome_dict(py, &out)
+    }
+
+    /// Gives up a begun external step: nothing changes, the step is not counted.
+    fn step_external_abort(&self, py: Python<'_>) -> PyResult<()> {
+        detached!(self, py, e => e.step_external_abort())
+    }
+
+    /// Takes a run's training state read from another framework's checkpoint (every
+    /// rank the same): `params` maps each parameter's name to `(master, exp_avg,
+    /// exp_avg_sq)` float tensors of its whole size (moments may be `None`).
+    #[pyo3(signature = (params, optimizer_steps, skipped_steps, global_steps, loss_scale=None, lr_last_batch_iteration=None, strict=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn import_state(
+        &self,
+        py: Python<'_>,
+        params: Vec<ImportedTensors<'_>>,
+        optimizer_steps: u64,
+        skipped_steps: u64,
+        global_steps: u64,
+        loss_scale: Option<LossScaleState>,
+        lr_last_batch_iteration: Option<i64>,
+        strict: bool,
+    ) -> PyResult<()> {
+        let mut state = ImportedState {
+            optimizer_steps,
+            skipped_steps,
+            global_steps,
+            loss_scaler: loss_scale.map(|(scale, dynamic)| ScalerState {
+                scale,
+                dynamic: dynamic.map(|(cur_iter, last_overflow_iter, cur_hysteresis)| {
+                    DynamicState {
+                        cur_iter,
+                        last_overflow_iter,
+                        cur_hysteresis,
+                    }
+                }),
+            }),
+            lr_last_batch_iteration,
+            strict,
+            ..Default::default()
+        };
+        for (name, master, m, v) in params {
+            let moments = match (m, v) {
+                (Some(m), Some(v)) => Some((tensors::read_f32(&m)?, tensors::read_f32(&v)?)),
+                _ => None,
+            };
+            state.params.insert(
+                name,
+                ImportedParam {
+                    master: tensors::read_f32(&master)?,
+                    moments,
+                },
+            );
+        }
+        detached!(self, py, e => e.import_state(&state))
     }
 
     /// Discards the gradients of the current step (a collective).
@@ -374,6 +583,32 @@ impl NativeEngine {
     }
 }
 
+/// A step's outcome as a dict: `skipped`, `grad_norm`, `loss_scale`, `lr`.
+fn outcome_dict<'py>(py: Python<'py>, out: &StepOutcome) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("skipped", out.skipped)?;
+    d.set_item("grad_norm", out.grad_norm)?;
+    d.set_item("loss_scale", out.loss_scale)?;
+    d.set_item("lr", out.lr)?;
+    Ok(d)
+}
+
+/// The job as the launcher describes it (torchrun, deepspeed, srun, mpirun): `(rank,
+/// world_size, local_rank, local_world_size, rank 0's host)`, as `init_distributed`
+/// needs them to start torch's process group under any launcher (`None` for the local
+/// world size where the launcher does not say).
+#[pyfunction]
+pub fn launch_addr() -> PyResult<(usize, usize, usize, Option<usize>, String)> {
+    let env = start::launch_env()?;
+    Ok((
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.local_world_size,
+        env.master_addr.clone(),
+    ))
+}
+
 /// `(rank, world_size, local_rank)` as the launcher says (a world of one without one).
 #[pyfunction]
 pub fn launch_info() -> PyResult<(usize, usize, usize)> {
@@ -393,7 +628,26 @@ pub fn resolve_config(config_json: &str, world_size: usize) -> PyResult<String> 
         zero_runtime::Precision::Fp16(_) => "float16",
         zero_runtime::Precision::Bf16 => "bfloat16",
     };
+    let optimizer = c.optimizer.as_ref().map(|o| {
+        serde_json::json!({
+            "name": o.name,
+            "params": o.params,
+            // f32s as their shortest decimal text (0.01, not 0.009999999776482582).
+            "adam": o.adam.map(|a| serde_json::json!({
+                "lr": a.lr.to_string(),
+                "betas": [a.beta1.to_string(), a.beta2.to_string()],
+                "eps": a.eps.to_string(),
+                "weight_decay": a.weight_decay.to_string(),
+                "decoupled": a.decay == WeightDecay::Decoupled,
+                "bias_correction": a.bias_correction,
+            })),
+        })
+    });
     Ok(serde_json::json!({
+        "optimizer": optimizer,
+        "scheduler": c.scheduler.is_some(),
+        "offload_optimizer": c.zero.offload_optimizer.device != zero_runtime::config::OffloadDevice::None,
+        "offload_optimizer_partial": c.zero.offload_optimizer.partial,
         "train_batch_size": c.train_batch_size,
         "train_micro_batch_size_per_gpu": c.micro_batch_per_rank,
         "gradient_accumulation_steps": c.gradient_accumulation_steps,

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::NativeEngine>()?;
     m.add_function(wrap_pyfunction!(engine::launch_info, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::launch_addr, m)?)?;
     m.add_function(wrap_pyfunction!(engine::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_fp32_state, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_client_state, m)?)?;

@@ -27,8 +27,21 @@ pub enum Inner {
 }
 
 /// One module as Python registers it: its name and its parameters' names, shapes,
-/// whether each is trained, and the other full names of each (tied weights).
-pub type ModuleArg = (String, Vec<(String, Vec<usize>, bool, Vec<String>)>);
+/// whether each is trained, the other full names of each (tied weights), and its
+/// optimizer parameter group.
+pub type ModuleArg = (String, Vec<(String, Vec<usize>, bool, Vec<String>, usize)>);
+
+/// The launcher's description of this process, or a world of one; `port` (chosen by
+/// rank 0 and handed to every rank through torch's process group) replaces the
+/// rendezvous port the launcher's variables imply, so zero's rendezvous never meets
+/// torch's store on `MASTER_PORT`.
+pub fn launch_env_at(port: Option<u16>) -> PyResult<LaunchEnv> {
+    let mut env = launch_env()?;
+    if let Some(p) = port {
+        env.port = p;
+    }
+    Ok(env)
+}
 
 /// The launcher's description of this process, or a world of one.
 pub fn launch_env() -> PyResult<LaunchEnv> {
@@ -72,7 +85,7 @@ impl Model {
                 )
             })?;
             let mut ps = Vec::with_capacity(params.len());
-            for ((pname, shape, trainable, aliases), t) in params.into_iter().zip(vals) {
+            for ((pname, shape, trainable, aliases, group), t) in params.into_iter().zip(vals) {
                 let v = tensors::read_f32(t)?;
                 let numel: usize = shape.iter().product();
                 same_count(numel, v.len(), || {
@@ -85,7 +98,7 @@ impl Model {
                 } else {
                     ParamSpec::frozen(pname, &shape)
                 };
-                ps.push(spec.with_aliases(aliases));
+                ps.push(spec.with_aliases(aliases).in_group(group));
             }
             specs.push(ModuleSpec::new(name, ps));
         }

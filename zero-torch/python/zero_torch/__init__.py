@@ -1,11 +1,13 @@
-"""zero_torch: PyTorch training scripts written for ``deepspeed.initialize`` train on zero's
-ZeRO engine (written in Rust), with no build step at run time.
+"""zero_torch: PyTorch training scripts written for DeepSpeed train on zero's ZeRO engine
+(written in Rust), with no build step at run time. One added line serves the whole
+``deepspeed`` package (``import deepspeed``, ``from deepspeed.X import Y``):
 
 .. code-block:: python
 
-    import zero_torch
+    import zero_torch.deepspeed_compat  # the one added line
+    import deepspeed
 
-    engine, optimizer, _, _ = zero_torch.initialize(model=model, config="ds_config.json")
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config="ds_config.json")
     for batch in loader:
         loss = engine(batch)
         engine.backward(loss)
@@ -15,9 +17,11 @@ ZeRO engine (written in Rust), with no build step at run time.
 
 from __future__ import annotations
 
-from . import checkpoint, zero
+from . import accelerator, checkpoint, comm, lr_schedules, optim, zero
+from . import activation_checkpointing as checkpointing
+from ._dist import init_distributed
 from ._native import __version__
-from .engine import ZeroEngine
+from .engine import ZeroEngine, ZeroOptimizer
 from .errors import (
     CheckpointError,
     CommError,
@@ -29,12 +33,23 @@ from .errors import (
 )
 from .initialize import add_config_arguments, initialize
 
+DeepSpeedEngine = ZeroEngine
+"""DeepSpeed's name for the engine class (``isinstance(engine, deepspeed.DeepSpeedEngine)``)."""
+
 __all__ = [
     "initialize",
+    "init_distributed",
     "add_config_arguments",
     "ZeroEngine",
+    "DeepSpeedEngine",
+    "ZeroOptimizer",
     "zero",
     "checkpoint",
+    "comm",
+    "accelerator",
+    "checkpointing",
+    "lr_schedules",
+    "optim",
     "ZeroError",
     "ConfigError",
     "CommError",

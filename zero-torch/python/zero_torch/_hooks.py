@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _access
 from ._model import Param, Registry, Unit
 from .errors import OrderError, UnsupportedError
 
@@ -54,6 +55,19 @@ def _tensors_in(obj: Any) -> List[torch.Tensor]:
 
     walk(obj)
     return found
+
+
+_BACKWARD_OWNER: List[Any] = [None]
+"""The runtime whose engine's ``backward()`` is running (``[None]`` otherwise). A backward
+started by another engine (a GAN's generator through the discriminator's modules) is not
+this engine's micro-step: its gradients stay in ``.grad`` as plain PyTorch leaves them. A
+backward no engine started (``loss.backward()``) belongs to every engine it reaches, as
+DeepSpeed's hooks take it at stages 1-3."""
+
+
+def backward_owner() -> Any:
+    """The runtime whose engine's ``backward()`` is running, or ``None``."""
+    return _BACKWARD_OWNER[0]
 
 
 _ALIGN = 64
@@ -103,12 +117,25 @@ class Runtime:
         expected gradients in this backward."""
         self.callback_queued = False
         self.handles: List[Any] = []
+        self.hooked: set = set()
+        """Modules (by ``id``) with the per-module forward hooks."""
         self.pre_backward: Dict[int, Callable[[torch.Tensor], None]] = {}
         """Per module (by ``id``): the hook its outputs get."""
         self.empty: Dict[torch.dtype, torch.Tensor] = {}
         """Per dtype: the one empty tensor every released parameter holds."""
         self.param_count = sum(1 for _ in model.parameters())
         self.micro_steps_done = 0
+        """Passes (backwards) this engine took, ever."""
+        self.passes_since_step = 0
+        """Passes since the engine's last ``step()``: a second one reopens the micro-step
+        (its gradients add to the first's), as a second ``backward()`` does in DeepSpeed."""
+        self.pass_is_mine = True
+        """Whether the backward under way is this engine's (see ``_BACKWARD_OWNER``)."""
+        self.on_built: Optional[Callable[[Any], None]] = None
+        """Called with the native engine once it is built."""
+        self.stack: List[torch.nn.Module] = []
+        """Modules whose forward is running (innermost last): a parameter read during a
+        forward is registered as used by the innermost one (stage 3)."""
         self.error: Optional[BaseException] = None
 
     # ---- installation -------------------------------------------------------------
@@ -117,15 +144,61 @@ class Runtime:
         m = self.model
         self.handles.append(m.register_forward_pre_hook(self._root_pre, prepend=True))
         self.handles.append(m.register_forward_hook(self._root_post))
+        # The root's own forward may read parameters of modules it does not call.
+        self.reg.uses.setdefault(id(m), [])
         for module in m.modules():
             if id(module) in self.reg.uses:
-                self.handles.append(module.register_forward_pre_hook(self._pre))
-                self.handles.append(module.register_forward_hook(self._post))
+                self.hook_module(module)
+        if self.stage3:
+            _access.install(list(m.modules()), self.notice)
         for info in self.reg.by_id.values():
             if info.trainable_k is not None:
-                self.handles.append(
-                    info.param.register_post_accumulate_grad_hook(self._grad_hook)
-                )
+                self.handles.append(info.param.register_post_accumulate_grad_hook(self._grad_hook))
+
+    def hook_module(self, module: torch.nn.Module) -> None:
+        """Gives ``module`` the per-module forward hooks (once)."""
+        if id(module) in self.hooked:
+            return
+        self.hooked.add(id(module))
+        self.handles.append(module.register_forward_pre_hook(self._pre))
+        self.handles.append(module.register_forward_hook(self._post))
+
+    def notice(self, p: torch.Tensor) -> None:
+        """Stage 3: parameter ``p`` is read; inside a forward it becomes a use of the
+        innermost module running (and is gathered now if it is not)."""
+        if not self.stack:
+            return
+        info = self.reg.by_id.get(id(p))
+        if info is None:
+            return
+        u = self.reg.units[info.unit]
+        uses = self.reg.uses[id(self.stack[-1])]
+        if u in uses:
+            return
+        self.add_use(self.stack[-1], u, running=True)
+
+    def add_use(self, module: torch.nn.Module, u: Unit, running: bool = False) -> None:
+        """``module`` uses unit ``u`` (gathered before its forward and backward, released
+        after): an external parameter (``register_external_parameter``, or one read by
+        attribute in its forward, where ``running`` says the forward is under way)."""
+        uses = self.reg.uses.setdefault(id(module), [])
+        if u in uses:
+            return
+        uses.append(u)
+        self.hook_module(module)
+        if self.native is None:
+            if running and u not in self.order:
+                self.order.append(u)
+            return
+        if running and self.stage3:
+            if self.in_backward:
+                if not self.filled.get(u.index) and not self.ready.get(u.index):
+                    self.gather(u)
+                return
+            n = self.refs.get(u.index, 0)
+            if n == 0:
+                self.gather(u)
+            self.refs[u.index] = n + 1
 
     # ---- building -----------------------------------------------------------------
 
@@ -139,6 +212,8 @@ class Runtime:
             u.index = i
         self.order = order
         self.native = self._build(order)
+        if self.on_built is not None:
+            self.on_built(self.native)
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
@@ -234,6 +309,7 @@ class Runtime:
             self.refs.clear()
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        self.stack.append(module)
         units = self.reg.uses[id(module)]
         if self.native is None:
             for u in units:
@@ -255,6 +331,8 @@ class Runtime:
             self.refs[u.index] = n + 1
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
         if not self.stage3:
             return
         units = self.reg.uses[id(module)]
@@ -285,6 +363,11 @@ class Runtime:
         if not self.in_backward:
             self.in_backward = True
             self.backward_ran = True
+            owner = backward_owner()
+            self.pass_is_mine = owner is None or owner is self
+            if self.pass_is_mine and self.passes_since_step > 0:
+                # A second backward before step(): its gradients add to the first's.
+                self.native.reopen_micro_step()
         if not self.callback_queued:
             self.callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -305,6 +388,8 @@ class Runtime:
 
     def _take_grad(self, param: torch.Tensor) -> None:
         self._enter_backward()
+        if not self.pass_is_mine:
+            return  # another engine's backward: the gradient stays in .grad
         info: Param = self.reg.by_id[id(param)]
         u = self.reg.units[info.unit]
         grad = param.grad
@@ -338,6 +423,21 @@ class Runtime:
             self.scatter(u)
 
     def _end_of_backward(self) -> None:
+        if not self.pass_is_mine:
+            # Another engine's backward went through these modules: what it gathered is
+            # freed, and it is no pass of this engine's.
+            try:
+                self.native.abandon_pass()
+                for u in self.order:
+                    if self.stage3 and self.filled.get(u.index):
+                        self._drop(u)
+            finally:
+                self.ready = {u.index: False for u in self.order}
+                self.refs.clear()
+                self.in_backward = False
+                self.callback_queued = False
+                self.pass_is_mine = True
+            return
         try:
             if self.expected is None:
                 self.expected = {
@@ -359,6 +459,7 @@ class Runtime:
                 if self.stage3 and self.filled.get(u.index):
                     self.scatter(u)
             self.micro_steps_done += 1
+            self.passes_since_step += 1
         finally:
             self.arrivals.clear()
             self.missing = dict(self.missing_at_start)
@@ -371,6 +472,8 @@ class Runtime:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self.hooked.clear()
+        _access.remove(list(self.model.modules()))
 
 
 Sizes = Tuple[int, ...]

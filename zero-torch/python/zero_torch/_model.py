@@ -31,6 +31,8 @@ class Param:
     numel: int = 0
     persistent: bool = True
     """Kept whole in torch storage at rest (set once the engine exists)."""
+    group: int = 0
+    """Its optimizer parameter group."""
 
 
 @dataclass
@@ -64,10 +66,12 @@ class Registry:
     """For each module (by ``id``) with parameters: the units it needs gathered."""
 
 
-def register(model: torch.nn.Module, trained: Optional[Set[int]]) -> Registry:
-    """Units of ``model`` in definition order. ``trained`` (ids of the parameters the caller
-    passed as ``model_parameters``) narrows the trainable set; a parameter with
-    ``requires_grad=False`` is frozen either way."""
+def register(
+    model: torch.nn.Module, trained: Optional[Set[int]], group_of: Optional[Dict[int, int]] = None
+) -> Registry:
+    """Units of ``model`` in definition order. ``trained`` (ids of the parameters the
+    optimizer steps) narrows the trainable set; a parameter with ``requires_grad=False``
+    is frozen either way. ``group_of`` gives each trained parameter's optimizer group."""
     units: List[Unit] = []
     by_id: Dict[int, Param] = {}
     uses: Dict[int, List[Unit]] = {}
@@ -100,6 +104,7 @@ def register(model: torch.nn.Module, trained: Optional[Set[int]]) -> Registry:
                 name=full,
                 shape=p.shape,
                 numel=p.numel(),
+                group=(group_of or {}).get(id(p), 0),
             )
             unit.params.append(info)
             by_id[id(p)] = info

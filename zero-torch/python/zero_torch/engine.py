@@ -10,15 +10,18 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _client_state, _native
+from . import _hooks, _native
+from ._ckpt import CheckpointMethods
+from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hooks import Runtime
 from ._model import Registry, Unit, register
-from .errors import OrderError, UnsupportedError
+from ._optim import Driver, Plan
+from .errors import ConfigError, OrderError, UnsupportedError
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class ZeroEngine:
+class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
     """A model trained by zero's engine, with DeepSpeed's engine API.
 
     Call it as the model (``engine(batch)``), then ``engine.backward(loss)`` and
@@ -32,14 +35,18 @@ class ZeroEngine:
         model: torch.nn.Module,
         config: Dict[str, Any],
         resolved: Dict[str, Any],
-        trained: Optional[set] = None,
+        plan: Optional[Plan] = None,
+        lr_scheduler: Any = None,
         timeout_s: float = 300.0,
+        rendezvous_port: Optional[int] = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if next(model.parameters(), None) is None:
             raise ValueError("the model has no parameters: there is nothing to train")
         self._config = config
+        self.config: Dict[str, Any] = config
+        """The DeepSpeed config as given (a dict), as DeepSpeed's ``engine.config``."""
         self._resolved = resolved
         self._dtype = _DTYPES[resolved["dtype"]]
         rank, world, local = _native.launch_info()
@@ -49,20 +56,57 @@ class ZeroEngine:
         self.local_rank: int = local
         self.device: torch.device = choose_device(model, local)
         """Where the model trains: ``cuda:<n>`` (the local rank's GPU, NCCL) or ``cpu``."""
-        model.to(device=self.device, dtype=self._dtype if self._dtype != torch.float32 else None)
+        # As DeepSpeed 0.19.8 casts (`_cast_module_mixed_precision`): the parameters to the
+        # 16-bit dtype; buffers keep theirs (rotary frequencies, BatchNorm statistics).
+        model.to(device=self.device)
+        if self._dtype != torch.float32:
+            for p in model.parameters():
+                if p.is_floating_point() and p.dtype != self._dtype:
+                    p.data = p.data.to(self._dtype)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.module = model
         self._timeout_s = timeout_s
-        self._registry: Registry = register(model, trained)
+        self._rendezvous_port = rendezvous_port
+        self._plan = plan if plan is not None else Plan(kind="none", basic=None)
+        self.client_lr_scheduler = lr_scheduler
+        """A scheduler given to ``initialize`` (stepped after every optimizer step that was
+        not skipped, as DeepSpeed steps it)."""
+        self._driver = Driver(
+            self._plan,
+            config_schedule=bool(resolved.get("scheduler")) and lr_scheduler is None,
+            stage=int(resolved["stage"]),
+            param_at=lambda m, k: self._runtime.order[m].params[k].param,
+        )
+        trained = set(self._plan.group_of) if self._plan.basic is not None else None
+        names = {id(p): n for n, p in model.named_parameters()}
+        self._trained_names: List[str] = (
+            []
+            if self._plan.basic is None
+            else [names[id(p)] for g in self._plan.basic.param_groups for p in g["params"] if id(p) in names]
+        )
+        """The optimizer's parameters by name, in its order (what a DeepSpeed stage-0
+        checkpoint's optimizer state is in)."""
+        self._registry: Registry = register(model, trained, self._plan.group_of)
         self._runtime = Runtime(model, self._registry, self._build, int(resolved["stage"]), self.device)
+        self._runtime.on_built = self._driver.on_built
         self._runtime.install()
-        self.micro_steps = 0
-        self._last_step: Optional[Dict[str, Any]] = None
-        self.optimizer = _OptimizerView(self)
-        self.lr_scheduler = _SchedulerView(self)
         from . import zero
 
+        zero.apply_pending(self._runtime)
+        self.micro_steps = 0
+        self._last_step: Optional[Dict[str, Any]] = None
+        self.optimizer: Optional[ZeroOptimizer] = ZeroOptimizer(self) if self._plan.basic is not None else None
+        """What ``initialize`` returns as the optimizer (``None`` without one, as DeepSpeed)."""
+        self.basic_optimizer: Optional[torch.optim.Optimizer] = self._plan.basic
+        """The torch optimizer holding the parameter groups (the one passed in, or the one
+        the config's section made)."""
+        if lr_scheduler is not None:
+            self.lr_scheduler: Any = lr_scheduler
+        elif resolved.get("scheduler"):
+            self.lr_scheduler = _SchedulerView(self)
+        else:
+            self.lr_scheduler = None
         zero._ENGINES.add(self)
 
     # ---- the engine ---------------------------------------------------------------
@@ -72,7 +116,7 @@ class ZeroEngine:
             (
                 u.name,
                 [
-                    (p.name.rsplit(".", 1)[-1], list(p.shape), p.trainable_k is not None, list(p.aliases))
+                    (p.name.rsplit(".", 1)[-1], list(p.shape), p.trainable_k is not None, list(p.aliases), p.group)
                     for p in u.params
                 ],
             )
@@ -80,7 +124,20 @@ class ZeroEngine:
         ]
         # Initial values cross on the host (rank 0's are broadcast), whatever the device.
         values = [[p.param.data.detach().cpu() for p in u.params] for u in order]
-        return _native.NativeEngine(json.dumps(self._config), modules, values, self._timeout_s, self.device.type)
+        return _native.NativeEngine(
+            json.dumps(self._native_config), modules, values, self._timeout_s, self.device.type, self._rendezvous_port
+        )
+
+    @property
+    def _native_config(self) -> Dict[str, Any]:
+        """The config the Rust engine gets: the optimizer section is the plan's (a client
+        optimizer wins over the config's); a client scheduler wins over the config's."""
+        from ._optim import config_without_optimizer_keys
+
+        cfg = config_without_optimizer_keys(self._config, self._plan)
+        if self.client_lr_scheduler is not None:
+            cfg.pop("scheduler", None)
+        return cfg
 
     @property
     def _native(self) -> Any:
@@ -94,30 +151,50 @@ class ZeroEngine:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the model (the first call also records the order in which its modules
-        are first used, and builds the engine)."""
-        return self.module(*args, **kwargs)
+        are first used, and builds the engine). Outputs that need a gradient are marked so
+        that a plain ``loss.backward()`` is scaled as ``engine.backward(loss)`` scales it
+        (by the loss scale over the accumulation steps)."""
+        out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            hook = self._output_hook
+            for t in _hooks._tensors_in(out):
+                if t.requires_grad:
+                    t.register_hook(hook)
+        return out
+
+    def _output_hook(self, grad: torch.Tensor) -> torch.Tensor:
+        # engine.backward() scaled the loss already; a plain loss.backward() did not.
+        if _hooks.backward_owner() is not None:
+            return grad
+        return grad * self._native.loss_scale_factor()
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of ``loss`` scaled by the loss scale (fp16) and divided by the
-        accumulation steps, as DeepSpeed's ``backward`` does; gradients reach the engine as
-        autograd produces them. Returns the loss as scaled for the accumulation."""
+        accumulation steps (unless ``scale_wrt_gas=False``), as DeepSpeed's ``backward``
+        does; gradients reach the engine as autograd produces them. A second ``backward``
+        before ``step()`` adds its gradients to the first's. Returns the loss as scaled for
+        the accumulation."""
+        if self._plan.kind == "none":
+            raise ConfigError(
+                "backward() needs an optimizer: the config has no optimizer section and "
+                "initialize() got no optimizer= (DeepSpeed: must provide optimizer during init "
+                "in order to use backward)"
+            )
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("backward() takes the scalar loss tensor")
-        if not scale_wrt_gas:
-            raise UnsupportedError("backward(scale_wrt_gas=False) is not supported: zero divides the loss by the accumulation steps")
         gas = self.gradient_accumulation_steps()
-        pending = self._runtime.micro_steps_done - self.micro_steps
-        if pending >= 1 and (self.micro_steps % gas) + pending >= gas:
-            raise OrderError(
-                "backward() was called again before step(): the accumulation boundary "
-                f"({gas} micro-step(s)) was reached; call step() after each backward()"
-            )
-        factor = self._native.loss_scale_factor()
-        (loss * factor).backward(retain_graph=retain_graph)
+        native = self._native
+        factor = native.loss_scale_factor() if scale_wrt_gas else native.loss_scale()
+        previous = _hooks._BACKWARD_OWNER[0]
+        _hooks._BACKWARD_OWNER[0] = self._runtime
+        try:
+            (loss * factor).backward(retain_graph=retain_graph)
+        finally:
+            _hooks._BACKWARD_OWNER[0] = previous
         if self._runtime.error is not None:
             err, self._runtime.error = self._runtime.error, None
             raise err
-        return loss / gas
+        return loss / gas if scale_wrt_gas else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next ``step()`` applies the optimizer."""
@@ -125,20 +202,35 @@ class ZeroEngine:
 
     def step(self, lr_kwargs: Optional[Dict[str, Any]] = None) -> None:
         """Counts a micro-step; at the accumulation boundary, the optimizer step
-        (unscale, overflow check, clipping, fused Adam, LR schedule)."""
-        if lr_kwargs:
-            raise UnsupportedError("step(lr_kwargs=...) is not supported: the config's scheduler sets the learning rate")
-        if self._runtime.micro_steps_done <= self.micro_steps:
+        (unscale, overflow check, clipping, the optimizer, the LR schedule; a client
+        scheduler's ``step(**lr_kwargs)`` after a step that was not skipped)."""
+        if self._plan.kind == "none":
+            raise ConfigError("step() needs an optimizer: the config has no optimizer section and initialize() got no optimizer=")
+        if lr_kwargs and self.client_lr_scheduler is None:
+            raise UnsupportedError("step(lr_kwargs=...) needs a scheduler given to initialize(lr_scheduler=...)")
+        rt = self._runtime
+        if rt.passes_since_step == 0:
             raise OrderError("step() was called before backward(): there are no gradients for this micro-step")
         boundary = self.is_gradient_accumulation_boundary()
+        rt.passes_since_step = 0
         self.micro_steps += 1
         if boundary:
-            self._last_step = dict(self._native.step())
-            self._runtime.write_back()
+            self._last_step = self._driver.step(self._native)
+            rt.write_back()
+            if not self._last_step["skipped"] and self.client_lr_scheduler is not None:
+                self.client_lr_scheduler.step(**(lr_kwargs or {}))
 
     def zero_grad(self) -> None:
-        """Nothing to do: the engine starts every step with zero gradients (as DeepSpeed's
-        engine does after ``step``)."""
+        """Clears the model's ``.grad`` (what another engine's backward left there), and
+        discards the gradients of a step begun and not taken (every rank must call it at
+        the same point then, as it is a collective): the accumulation starts over."""
+        for p in self.module.parameters():
+            p.grad = None
+        rt = self._runtime
+        if rt.native is not None and rt.passes_since_step > 0:
+            rt.native.zero_grad()
+            rt.passes_since_step = 0
+            self.micro_steps -= self.micro_steps % self.gradient_accumulation_steps()
 
     def train(self, mode: bool = True) -> "ZeroEngine":
         self.module.train(mode)
@@ -172,8 +264,28 @@ class ZeroEngine:
         return self._dtype == torch.bfloat16
 
     def get_lr(self) -> List[float]:
-        """The learning rate, one per parameter group (zero has one group)."""
-        return [float(self._native.lr())]
+        """The learning rate of the next step, one per parameter group."""
+        if self._plan.basic is None:
+            return []
+        if self._driver.config_schedule:
+            return [float(x) for x in self._native.group_lrs()]
+        return [float(g["lr"]) for g in self._plan.basic.param_groups]
+
+    def get_mom(self) -> List[Any]:
+        """Each parameter group's momentum (Adam's betas), as DeepSpeed's ``get_mom``."""
+        if self._plan.basic is None:
+            return []
+        return [g.get("betas", g.get("momentum")) for g in self._plan.basic.param_groups]
+
+    def optimizer_name(self) -> Optional[str]:
+        """The optimizer's class name (DeepSpeed's ``optimizer_name``)."""
+        return None if self._plan.basic is None else type(self._plan.basic).__name__
+
+    def steps_per_print(self) -> Optional[int]:
+        return self._config.get("steps_per_print")
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self._config.get("wall_clock_breakdown", False))
 
     def get_global_grad_norm(self) -> Optional[float]:
         """The gradient norm of the last optimizer step, before clipping."""
@@ -191,6 +303,10 @@ class ZeroEngine:
     def global_samples(self) -> int:
         return self.global_steps * self.train_batch_size()
 
+    @property
+    def skipped_steps(self) -> int:
+        return int(self._native.step_counts()[1])
+
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         return bool(self._resolved.get("gather_16bit_weights_on_model_save", False))
 
@@ -202,133 +318,6 @@ class ZeroEngine:
     def comm_report(self) -> Dict[str, int]:
         """Elements this rank sent in the last step, by purpose, and the theory."""
         return dict(self._native.comm_report())
-
-    # ---- checkpoints ------------------------------------------------------------------
-
-    def save_checkpoint(
-        self,
-        save_dir: Union[str, os.PathLike],
-        tag: Optional[str] = None,
-        client_state: Optional[Dict[str, Any]] = None,
-        save_latest: bool = True,
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """Saves the whole training state to ``save_dir/tag`` (default tag
-        ``global_step<N>``) and points ``save_dir/latest`` at it; every rank calls it, at
-        an accumulation boundary. It loads at any world size and stage. ``client_state``
-        (anything ``torch.save`` can pickle; rank 0's is kept) and the model's persistent
-        buffers are saved with it. If any rank fails, every rank raises
-        :class:`~zero_torch.CheckpointError` and the previous checkpoint stays ``latest``."""
-        if not save_latest:
-            raise UnsupportedError(
-                "save_checkpoint(save_latest=False) is not supported: zero commits a checkpoint "
-                "by pointing `latest` at it, which is what keeps the previous one loadable "
-                "when a save fails"
-            )
-        if exclude_frozen_parameters:
-            raise UnsupportedError(
-                "save_checkpoint(exclude_frozen_parameters=True) is not supported: frozen "
-                "parameters are saved once per checkpoint, in frozen.safetensors"
-            )
-        stored = _client_state.pack(client_state or {}, _client_state.persistent_buffers(self.module))
-        self._native.save_checkpoint(os.fspath(save_dir), tag, json.dumps(stored))
-        return True
-
-    def load_checkpoint(
-        self,
-        load_dir: Union[str, os.PathLike],
-        tag: Optional[str] = None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-        load_module_only: bool = False,
-        custom_load_fn: Any = None,
-    ) -> Tuple[Optional[str], Any]:
-        """Loads checkpoint ``tag`` (default: the one ``load_dir/latest`` names), saved at
-        any world size and stage; every rank calls it, at an accumulation boundary.
-        Returns ``(path, client_state)``, or ``(None, None)`` with a warning when
-        ``load_dir`` has no ``latest`` and no tag is given (as DeepSpeed does). Nothing
-        changes on any rank unless every rank could read its part."""
-        if custom_load_fn is not None:
-            raise UnsupportedError("load_checkpoint(custom_load_fn=...) is not supported")
-        load_dir = os.fspath(load_dir)
-        if tag is None:
-            latest = os.path.join(load_dir, "latest")
-            if not os.path.isfile(latest):
-                warnings.warn(
-                    f"Unable to find latest file at {latest}, if trying to load latest "
-                    "checkpoint please pass a tag or save a checkpoint first",
-                    stacklevel=2,
-                )
-                return None, None
-            with open(latest) as f:
-                tag = f.read().strip()
-        stored = json.loads(
-            self._native.load_checkpoint(
-                load_dir,
-                tag,
-                load_optimizer_states and not load_module_only,
-                load_lr_scheduler_states and not load_module_only,
-                load_module_only,
-                load_module_strict,
-            )
-        )
-        self._runtime.write_back()
-        client, buffers = _client_state.unpack(stored)
-        _client_state.load_buffers(self.module, buffers, load_module_strict)
-        return os.path.join(load_dir, tag), client
-
-    def save_16bit_model(
-        self,
-        save_dir: Union[str, os.PathLike],
-        save_filename: str = "pytorch_model.bin",
-        exclude_frozen_parameters: bool = False,
-    ) -> bool:
-        """Saves the model's weights whole, in the run's 16-bit dtype: rank 0 writes
-        ``save_dir/save_filename`` (a ``torch.save`` state dict), or, for a name ending in
-        ``.safetensors``, Hugging Face's sharded safetensors layout. Every rank calls it.
-        Under stage 3 this gathers the weights module by module, which DeepSpeed asks to be
-        enabled with ``stage3_gather_16bit_weights_on_model_save``; without it, like
-        DeepSpeed, this warns and returns False."""
-        if exclude_frozen_parameters:
-            raise UnsupportedError("save_16bit_model(exclude_frozen_parameters=True) is not supported")
-        rt = self._runtime
-        rt.ensure_built()
-        if rt.stage3 and not self.zero_gather_16bit_weights_on_model_save():
-            warnings.warn(
-                "Did not save the model because stage3_gather_16bit_weights_on_model_save is "
-                "False: set it in zero_optimization to gather the sharded weights on save",
-                stacklevel=2,
-            )
-            return False
-        save_dir = os.fspath(save_dir)
-        if save_filename.endswith(".safetensors"):
-            self._native.save_16bit_model(save_dir)
-            return True
-        state = self._consolidated_state_dict()
-        if self.global_rank == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            torch.save(state, os.path.join(save_dir, save_filename))
-        return True
-
-    def _consolidated_state_dict(self) -> Dict[str, torch.Tensor]:
-        """The model's ``state_dict`` with every parameter whole, on rank 0 (empty
-        elsewhere); stage 3 gathers one module's parameters at a time."""
-        from .zero import GatheredParameters
-
-        values: Dict[int, torch.Tensor] = {}
-        rt = self._runtime
-        for u in rt.order:
-            with GatheredParameters([p.param for p in u.params]):
-                if self.global_rank == 0:
-                    for p in u.params:
-                        values[id(p.param)] = p.param.detach().clone()
-        if self.global_rank != 0:
-            return {}
-        out: Dict[str, torch.Tensor] = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            out[name] = values[id(t)] if id(t) in values else t.detach().clone()
-        return out
 
     def _take_modified(self, params: List[torch.nn.Parameter], modifier_rank: int) -> None:
         """Rank ``modifier_rank``'s values of ``params`` become every rank's (master
@@ -350,10 +339,16 @@ class ZeroEngine:
                 rt._fill(u)
 
     def __getattr__(self, name: str) -> Any:
-        # Anything else is the model's (as DeepSpeed's engine falls through to it).
-        if name in ("module", "_runtime", "_registry"):
+        # Anything else is the model's (as DeepSpeed's engine falls through to it); a
+        # DeepSpeed engine member zero lacks is a named error.
+        if name in ("module", "_runtime", "_registry") or name.startswith("__"):
             raise AttributeError(name)
-        return getattr(self.module, name)
+        try:
+            return getattr(self.module, name)
+        except AttributeError:
+            if name in DEEPSPEED_ENGINE_MEMBERS:
+                raise self.not_provided(name) from None
+            raise
 
     def destroy(self) -> None:
         """Removes the hooks (the engine is gone once this object is)."""
@@ -387,22 +382,53 @@ def choose_device(model: torch.nn.Module, local_rank: int) -> torch.device:
     return torch.device("cuda", 0 if count == 1 else local_rank)
 
 
-class _OptimizerView:
-    """What ``initialize`` returns as the optimizer: the engine steps it, so ``step`` and
-    ``zero_grad`` here do nothing (as DeepSpeed's ZeRO optimizer under its engine)."""
+class ZeroOptimizer:
+    """What ``initialize`` returns as the optimizer, as DeepSpeed returns its ZeRO
+    optimizer: ``param_groups`` are the torch optimizer's (a scheduler that writes their
+    ``lr`` drives the engine), ``step()`` is the engine's ``step()``, ``zero_grad()`` the
+    engine's, ``backward(loss)`` the engine's."""
 
     def __init__(self, engine: ZeroEngine) -> None:
         self._engine = engine
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """No-op: ``engine.step()`` applies the optimizer."""
+    @property
+    def optimizer(self) -> Optional[torch.optim.Optimizer]:
+        """The torch optimizer inside (DeepSpeed's ``optimizer.optimizer``)."""
+        return self._engine._plan.basic
+
+    def step(self, closure: Any = None) -> None:
+        """The engine's ``step()`` (DeepSpeed's ZeRO optimizer steps the model when called
+        directly)."""
+        if closure is not None:
+            raise UnsupportedError("optimizer.step(closure) is not supported: zero steps after backward()")
+        self._engine.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """No-op: the engine starts every step with zero gradients."""
+        """The engine's ``zero_grad()``."""
+        del set_to_none
+        self._engine.zero_grad()
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """The engine's ``backward(loss)`` (DeepSpeed's older FP16 optimizer API)."""
+        self._engine.backward(loss, retain_graph=retain_graph)
 
     @property
     def param_groups(self) -> List[Dict[str, Any]]:
-        return [{"lr": self._engine.get_lr()[0], "params": list(self._engine.module.parameters())}]
+        basic = self._engine._plan.basic
+        return [] if basic is None else basic.param_groups
+
+    @property
+    def state(self) -> Any:
+        basic = self._engine._plan.basic
+        return {} if basic is None else basic.state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The torch optimizer's ``state_dict`` (its ``param_groups``; for an external
+        optimizer also its state over this rank's shard), with the loss scaler's state."""
+        basic = self._engine._plan.basic
+        out = {} if basic is None else dict(basic.state_dict())
+        out["loss_scaler"] = {"cur_scale": self.cur_scale}
+        return out
 
     @property
     def cur_scale(self) -> float:
@@ -424,11 +450,16 @@ class _SchedulerView:
         self._engine = engine
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """No-op: ``engine.step()`` advances the schedule."""
+        """No-op: ``engine.step()`` advances the schedule (a script that also calls this
+        does not advance it twice, as it would in DeepSpeed)."""
 
     def get_last_lr(self) -> List[float]:
         return self._engine.get_lr()
 
+    def get_lr(self) -> List[float]:
+        return self._engine.get_lr()
+
     def state_dict(self) -> Dict[str, Any]:
-        return {}
+        """DeepSpeed's schedulers' state: ``last_batch_iteration``."""
+        return {"last_batch_iteration": self._engine.global_steps - self._engine.skipped_steps - 1}
 

@@ -20,3 +20,41 @@ __all__ = [
     "DeviceError",
     "UnsupportedError",
 ]
+
+
+class NotProvidedAttributeError(AttributeError, UnsupportedError):
+    """A DeepSpeed name (``deepspeed.X.y``, read as an attribute) that zero_torch does not
+    provide. An ``AttributeError``, so ``hasattr`` and ``getattr(obj, name, default)`` go
+    on working; the message names the symbol and, where there is one, what to use
+    instead."""
+
+
+class NotProvidedImportError(ImportError, UnsupportedError):
+    """The same as :class:`NotProvidedAttributeError`, raised where the name is imported
+    (``from deepspeed.X import y``), so that Python keeps the message instead of turning
+    it into a bare "cannot import name"."""
+
+
+class NotProvidedModuleError(ModuleNotFoundError, UnsupportedError):
+    """A ``deepspeed.*`` module that zero_torch does not serve (``deepspeed.pipe``,
+    ``deepspeed.inference``, ...): the message names it and what to use instead."""
+
+
+class LateCompatImportError(ImportError, ZeroError):
+    """``zero_torch.deepspeed_compat`` was imported after a module named ``deepspeed`` (the
+    real DeepSpeed) was already imported: the one line must come before any import of
+    ``deepspeed``, ``transformers`` or ``accelerate``."""
+
+
+class DistNotInitializedError(AssertionError, ZeroError):
+    """A ``deepspeed.comm`` call that needs torch's default process group before it
+    exists (an ``AssertionError``, as DeepSpeed's own check is an ``assert``)."""
+
+
+__all__ += [
+    "NotProvidedAttributeError",
+    "NotProvidedImportError",
+    "NotProvidedModuleError",
+    "LateCompatImportError",
+    "DistNotInitializedError",
+]

@@ -9,8 +9,10 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
-from . import _native
-from .engine import ZeroEngine
+import warnings
+
+from . import _dist, _native, _optim
+from .engine import ZeroEngine, choose_device
 from .errors import ConfigError, UnsupportedError
 
 
@@ -46,60 +48,20 @@ def _load_config(args: Any, config: Any, config_params: Any) -> Dict[str, Any]:
     raise ConfigError(f"{name} must be a path or a dict, not {type(value).__name__}")
 
 
-def _adopt_optimizer(cfg: Dict[str, Any], optimizer: Any) -> None:
-    """A torch Adam/AdamW passed in code becomes the config's optimizer section (zero steps
-    its own fused Adam with those hyperparameters); anything else is refused by name."""
-    if optimizer is None:
-        return
-    if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
-        raise UnsupportedError(
-            "optimizer= as a callable is not supported: pass a torch.optim.AdamW (or Adam), "
-            "or an optimizer section in the config"
-        )
-    kind = type(optimizer).__name__
-    if kind not in ("Adam", "AdamW"):
-        raise UnsupportedError(
-            f"optimizer={kind} is not supported: zero steps a fused Adam/AdamW; pass "
-            "torch.optim.AdamW (or Adam), or an optimizer section in the config"
-        )
-    if "optimizer" in cfg:
-        raise ConfigError(
-            "an optimizer was passed in code and the config has an optimizer section: "
-            "pass only one (DeepSpeed refuses both too)"
-        )
-    if len(optimizer.param_groups) != 1:
-        raise UnsupportedError(
-            f"the optimizer has {len(optimizer.param_groups)} parameter groups: zero uses one "
-            "set of hyperparameters for every parameter"
-        )
-    g = optimizer.param_groups[0]
-    if g.get("amsgrad") or g.get("maximize"):
-        raise UnsupportedError("Adam with amsgrad or maximize is not supported")
-    lr = g["lr"]
-    cfg["optimizer"] = {
-        "type": kind,
-        "params": {
-            "lr": float(lr.item() if isinstance(lr, torch.Tensor) else lr),
-            "betas": [float(b) for b in g["betas"]],
-            "eps": float(g["eps"]),
-            "weight_decay": float(g["weight_decay"]),
-        },
-    }
-
-
-def _parameter_ids(model_parameters: Optional[Iterable[Any]]) -> Optional[set]:
-    if model_parameters is None:
-        return None
-    ids = set()
-    for item in model_parameters:
-        if isinstance(item, dict):  # parameter groups
-            for p in item.get("params", []):
-                ids.add(id(p))
-        elif isinstance(item, tuple) and len(item) == 2:  # named_parameters()
-            ids.add(id(item[1]))
-        else:
-            ids.add(id(item))
-    return ids
+def _sanitize(value: Any, path: str = "") -> Any:
+    """The config as JSON zero's parser reads: Python's ``inf`` (accelerate writes
+    ``"steps_per_print": float("inf")``) becomes the largest count; NaN is an error."""
+    if isinstance(value, dict):
+        return {k: _sanitize(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_sanitize(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and value != value:
+        raise ConfigError(f"config key `{path}` is NaN")
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        if value < 0:
+            raise ConfigError(f"config key `{path}` is -inf")
+        return 2**62
+    return value
 
 
 def initialize(
@@ -119,48 +81,95 @@ def initialize(
 ) -> Tuple[ZeroEngine, Any, Optional[torch.utils.data.DataLoader], Any]:
     """DeepSpeed's ``deepspeed.initialize``, on zero's engine.
 
-    Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``. The engine joins the
-    launcher's job (``torchrun``, ``deepspeed``, ``srun``, ``mpirun``: one rank per process,
-    on the CPU over shared memory) or runs alone. The config is read by zero's own parser:
-    DeepSpeed's keys, ``"auto"``, and errors that name the key (with a suggestion for a
-    misspelt one). An ``optimizer`` given in code must be ``torch.optim.Adam``/``AdamW``
-    (its hyperparameters are used); the config's ``scheduler`` section sets the learning
-    rate. Arguments zero does not support raise :class:`~zero_torch.UnsupportedError`
-    naming them.
+    Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``, as DeepSpeed does:
+
+    - torch's default process group is created if none exists (gloo on the CPU, NCCL on
+      GPUs), and every rank takes rank 0's parameters and buffers;
+    - the optimizer is the one passed in code (a ``torch.optim`` optimizer or a callable;
+      it wins over the config's section), else the config's (DeepSpeed's defaults), else
+      none (forward passes only); parameter groups keep their own hyper-parameters;
+    - the LR scheduler is the one passed in code (an object with ``step()``, or a callable
+      given the optimizer), else the config's section;
+    - the engine joins the launcher's job (``torchrun``, ``deepspeed``, ``srun``,
+      ``mpirun``: one rank per process, on the CPU over shared memory) or runs alone.
+
+    The config is read by zero's own parser: DeepSpeed's keys, ``"auto"``, and errors that
+    name the key (with a suggestion for a misspelt one). Arguments zero does not support
+    raise :class:`~zero_torch.UnsupportedError` naming them.
     """
     if model is None:
         raise ValueError("initialize() needs model=")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if next(model.parameters(), None) is None:
+        raise ValueError("the model has no parameters: there is nothing to train")
+    if lr_scheduler is not None and not (hasattr(lr_scheduler, "step") or callable(lr_scheduler)):
+        raise UnsupportedError(
+            f"lr_scheduler={type(lr_scheduler).__name__}: pass a scheduler (an object with step()) "
+            "or a callable that makes one from the optimizer"
+        )
     if mpu is not None:
         raise UnsupportedError("mpu= (model parallelism) is not supported: zero is data-parallel ZeRO")
     if mesh_param is not None:
         raise UnsupportedError("mesh_param= (tensor/sequence parallel meshes) is not supported")
-    if lr_scheduler is not None:
-        raise UnsupportedError(
-            "lr_scheduler= objects are not supported: describe the schedule in the config's "
-            "scheduler section (WarmupLR, WarmupDecayLR, WarmupCosineLR)"
-        )
-    if distributed_port is not None and distributed_port != 29500:
-        raise UnsupportedError(
-            "distributed_port= is not supported: the launcher's MASTER_PORT is used"
-        )
-    del dist_init_required  # zero never needs torch.distributed
-    cfg = _load_config(args, config, config_params)
-    _adopt_optimizer(cfg, optimizer)
+    cfg = _sanitize(_load_config(args, config, config_params))
+    _check_local_rank(args)
+    device = choose_device(model, _native.launch_info()[2])
+    _dist.init_distributed(
+        dist_backend=_dist.backend_for(device),
+        distributed_port=distributed_port if distributed_port is not None else _dist.DEFAULT_PORT,
+        dist_init_required=dist_init_required,
+    )
     _, world, _ = _native.launch_info()
+    if _dist.world_size() != world:
+        raise ConfigError(
+            f"torch's process group has {_dist.world_size()} ranks and the launcher's job {world}: "
+            "zero trains one data-parallel group of every rank"
+        )
+    # Every rank starts from rank 0's model, before anything else (as DeepSpeed does).
+    _dist.broadcast_model(model)
     resolved = json.loads(_native.resolve_config(json.dumps(cfg), world))
-    engine = ZeroEngine(model, cfg, resolved, trained=_parameter_ids(model_parameters))
+    plan = _optim.resolve(model, optimizer, model_parameters, cfg, resolved, device)
+    scheduler = lr_scheduler
+    if scheduler is not None and callable(scheduler) and not hasattr(scheduler, "step"):
+        if plan.basic is None:
+            raise ConfigError("lr_scheduler= is a callable, and there is no optimizer to give it")
+        scheduler = scheduler(plan.basic)
+    if scheduler is not None and resolved.get("scheduler"):
+        warnings.warn(
+            "initialize() got lr_scheduler= and the config has a scheduler section: the one "
+            "passed in code is used, as DeepSpeed does",
+            stacklevel=2,
+        )
+    engine = ZeroEngine(
+        model,
+        cfg,
+        resolved,
+        plan=plan,
+        lr_scheduler=scheduler,
+        rendezvous_port=_dist.agree_rendezvous_port(),
+    )
+    if resolved.get("offload_optimizer_partial"):
+        # DeepSpeed's stage-3 partial offload draws one number from torch's generator for
+        # its backup optimizer (runtime/zero/stage3.py); a seeded script's later draws then
+        # depend on it, so zero draws it too.
+        torch.randn(1)
     loader = None
     if training_data is not None:
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            training_data, num_replicas=engine.world_size, rank=engine.global_rank
-        )
-        loader = torch.utils.data.DataLoader(
-            training_data,
-            batch_size=engine.train_micro_batch_size_per_gpu(),
-            sampler=sampler,
-            collate_fn=collate_fn,
-        )
+        loader = engine.deepspeed_io(training_data, collate_fn=collate_fn)
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+def _check_local_rank(args: Any) -> None:
+    """DeepSpeed's check: ``args.local_rank``, where a script sets it (the deepspeed
+    launcher passes ``--local_rank``), must be the launcher's ``LOCAL_RANK``."""
+    given = getattr(args, "local_rank", None) if args is not None else None
+    env = os.environ.get("LOCAL_RANK")
+    if isinstance(given, int) and given >= 0 and env is not None and int(env) != given:
+        raise ConfigError(
+            f"args.local_rank is {given} but the launcher's LOCAL_RANK is {env}: pass "
+            "--local_rank from the launcher (or leave it at -1)"
+        )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

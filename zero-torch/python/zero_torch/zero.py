@@ -79,22 +79,110 @@ class GatheredParameters:
         rt.native.abandon_pass()
 
 
-class Init:
-    """DeepSpeed's ``zero.Init`` partitions parameters as a model is built. zero_torch
-    partitions them when the engine is built (at the first forward), so this context
-    manager only accepts DeepSpeed's arguments: build the model inside it or not, the
-    result is the same (each rank holds the whole model until then)."""
+def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    """DeepSpeed's ``zero.register_external_parameter``: ``module``'s forward uses
+    ``parameter``, which another module owns; under stage 3 it is gathered before
+    ``module``'s forward and backward and released after, like ``module``'s own. zero
+    also notices such reads by itself during a forward (``nn.MultiheadAttention``'s
+    ``out_proj.weight``, tied weights reached by attribute); registering says so ahead of
+    time."""
+    if not isinstance(parameter, torch.Tensor):
+        raise TypeError(f"register_external_parameter takes a parameter, not {type(parameter).__name__}")
+    for engine in list(_ENGINES):
+        rt = engine._runtime
+        info = rt.reg.by_id.get(id(parameter))
+        if info is not None:
+            rt.add_use(module, rt.reg.units[info.unit])
+            return
+    # Before initialize() (usually in the model's constructor): applied when an engine
+    # takes the model.
+    _PENDING.setdefault(module, []).append(parameter)
 
-    def __init__(self, *args: Any, enabled: bool = True, **kwargs: Any) -> None:
-        if kwargs.get("remote_device") not in (None, "cpu", "none"):
+
+_PENDING: "weakref.WeakKeyDictionary[torch.nn.Module, List[torch.nn.Parameter]]" = weakref.WeakKeyDictionary()
+"""External parameters registered before any engine had the model."""
+
+
+def apply_pending(runtime: Any) -> None:
+    """Registrations made before ``runtime``'s engine existed, for its model's modules."""
+    for module in runtime.model.modules():
+        for p in _PENDING.pop(module, []):
+            info = runtime.reg.by_id.get(id(p))
+            if info is not None:
+                runtime.add_use(module, runtime.reg.units[info.unit])
+
+
+def unregister_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
+    """DeepSpeed's ``zero.unregister_external_parameter``: undoes
+    :func:`register_external_parameter` (a parameter the module owns stays its own)."""
+    engine = _engine_of([parameter])
+    rt = engine._runtime
+    info = rt.reg.by_id[id(parameter)]
+    unit = rt.reg.units[info.unit]
+    uses = rt.reg.uses.get(id(module), [])
+    owns = any(id(p) == id(parameter) for p in module.parameters(recurse=False))
+    if unit in uses and not owns and unit.module is not module:
+        uses.remove(unit)
+
+
+class Init:
+    """DeepSpeed's ``zero.Init``: the model built inside it is made in the run's 16-bit
+    dtype (``dtype=``, else the config's ``bf16``/``fp16``), as DeepSpeed makes every
+    floating-point tensor created inside it, so its initializers draw the same values.
+
+    DeepSpeed also partitions the parameters as they are created; zero_torch partitions
+    them when the engine is built (at the first forward), so until then each rank holds
+    the whole model. (Building models too big for one rank is not provided yet.)"""
+
+    def __init__(
+        self,
+        module: Any = None,
+        data_parallel_group: Any = None,
+        mem_efficient_linear: bool = True,
+        remote_device: Any = None,
+        pin_memory: bool = False,
+        config_dict_or_path: Any = None,
+        config: Any = None,
+        enabled: bool = True,
+        dtype: Optional[torch.dtype] = None,
+        mpu: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        del module, data_parallel_group, mem_efficient_linear, pin_memory, mpu, kwargs
+        if remote_device not in (None, "cpu", "none"):
             raise UnsupportedError(
-                f"zero.Init(remote_device={kwargs['remote_device']!r}) is not supported: use "
-                "offload_param in the config"
+                f"zero.Init(remote_device={remote_device!r}) is not supported: use offload_param in the config"
             )
         self.enabled = enabled
+        self.dtype = dtype if dtype is not None else _config_dtype(config_dict_or_path if config_dict_or_path is not None else config)
+        self._saved: Optional[torch.dtype] = None
 
     def __enter__(self) -> "Init":
+        if self.enabled and self.dtype in (torch.float16, torch.bfloat16):
+            self._saved = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            torch.set_default_dtype(self._saved)
+            self._saved = None
+
+
+def _config_dtype(config: Any) -> Optional[torch.dtype]:
+    """The 16-bit dtype a DeepSpeed config (dict or path) trains in, if any."""
+    if config is None:
         return None
+    if not isinstance(config, dict):
+        import json
+        import os
+
+        if not isinstance(config, (str, os.PathLike)):
+            return None
+        with open(config) as f:
+            config = json.load(f)
+    for key, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)):
+        section = config.get(key)
+        if isinstance(section, dict) and section.get("enabled") is True:
+            return dtype
+    return None

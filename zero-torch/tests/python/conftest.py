@@ -48,13 +48,16 @@ def run_job(
     kill_rank: Optional[int] = None,
     kill_after: float = 0.0,
     expect_ok: bool = True,
+    env: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
     """Runs ``workers.<task>(**args)`` on ``world`` processes; returns each rank's result
     (or ``{"error": ..., "exception": ...}`` where it raised). Every process is killed
     after ``timeout`` seconds. With ``kill_rank``, that rank gets SIGKILL ``kill_after``
-    seconds after it says it is ready."""
+    seconds after it says it is ready. ``task`` may name a function of another test module
+    (``"module.function"``); ``env`` adds variables to every process."""
     port = free_port()
     out = Path(tempfile.mkdtemp(prefix="zt-job-"))
+    extra = dict(env or {})
     procs = []
     for r in range(world):
         env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
@@ -65,6 +68,7 @@ def run_job(
             "ZT_ARGS": json.dumps(args or {}), "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path),
         })
+        env.update(extra)
         procs.append(subprocess.Popen(
             [sys.executable, "-c", "import workers; workers.main()"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -23,7 +23,11 @@ def mixed_precision(
     step. Each micro-batch's gradient is the mean of ``split`` parts' gradients (as
     ``split`` data-parallel ranks compute them). Returns the final parameters, those after
     step ``snapshot_at``, and each step's mean loss, all as fp32."""
-    model = models.build(name).to(DTYPES[dtype])
+    # Parameters in the 16-bit dtype, buffers (rotary frequencies) as they are: DeepSpeed's
+    # (and zero's) mixed-precision cast.
+    model = models.build(name)
+    for p in model.parameters():
+        p.data = p.data.to(DTYPES[dtype])
     master = models.build(name)
     with torch.no_grad():
         for pm, pb in zip(master.parameters(), model.parameters()):

@@ -86,7 +86,7 @@ def test_without_a_gpu_cuda_is_an_error_that_names_it(monkeypatch: pytest.Monkey
     # The engine itself on "cuda": the missing driver is named.
     cfg = json.dumps(workers.toy_config(0, 1, 2))
     lin = torch.nn.Linear(3, 2)
-    modules = [("lin", [("weight", [2, 3], True, []), ("bias", [2], True, [])])]
+    modules = [("lin", [("weight", [2, 3], True, [], 0), ("bias", [2], True, [], 0)])]
     with pytest.raises(zero_torch.DeviceError) as err:
         _native.NativeEngine(cfg, modules, [[lin.weight.data, lin.bias.data]], 10.0, "cuda")
     print(f"no GPU: {err.value}")

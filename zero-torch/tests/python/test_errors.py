@@ -69,14 +69,6 @@ def test_step_before_backward() -> None:
         engine.step()
 
 
-def test_backward_twice_before_step() -> None:
-    engine = toy_engine()
-    x, y = models.regression(1, 4)[0]
-    engine.backward(engine(x, y))
-    with pytest.raises(zero_torch.OrderError, match="before step"):
-        engine.backward(engine(x, y))
-
-
 def test_parameter_added_after_initialize() -> None:
     engine = toy_engine()
     one_step(engine)
@@ -104,24 +96,53 @@ def test_unsupported_arguments_are_named(kwargs: Dict[str, Any], named: str) -> 
         zero_torch.initialize(model=models.Toy(), config=workers.toy_config(1, 1, 4), **kwargs)
 
 
-def test_torch_optimizer_other_than_adam() -> None:
+def test_untested_optimizer_needs_deepspeeds_flag_and_non_elementwise_ones_are_refused() -> None:
     model = models.Toy()
     cfg = workers.toy_config(1, 1, 4)
     del cfg["optimizer"]
-    with pytest.raises(zero_torch.UnsupportedError, match="SGD"):
-        zero_torch.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=cfg)
+    # As in DeepSpeed: ZeRO stages 1-3 take an untested optimizer only with the flag.
+    with pytest.raises(zero_torch.UnsupportedError, match=r"RMSprop.*zero_allow_untested_optimizer"):
+        zero_torch.initialize(model=model, optimizer=torch.optim.RMSprop(model.parameters(), lr=0.1), config=cfg)
+    for name in ("LBFGS", "Adafactor"):
+        opt = getattr(torch.optim, name)(model.parameters(), lr=0.1)
+        with pytest.raises(zero_torch.UnsupportedError, match=name):
+            zero_torch.initialize(model=model, optimizer=opt, config={**cfg, "zero_allow_untested_optimizer": True})
+    # Stage 0 steps tensors shaped like the parameters: Adafactor works there (as in
+    # DeepSpeed); LBFGS needs a closure no engine.step() gives.
+    stage0 = {**cfg, "zero_optimization": {"stage": 0}}
+    with pytest.raises(zero_torch.UnsupportedError, match="LBFGS.*closure"):
+        zero_torch.initialize(model=model, optimizer=torch.optim.LBFGS(model.parameters()), config=stage0)
+    engine, _, _, _ = zero_torch.initialize(model=model, optimizer=torch.optim.Adafactor(model.parameters(), lr=0.1), config=stage0)
+    assert isinstance(engine.basic_optimizer, torch.optim.Adafactor)
+    cfg["optimizer"] = {"type": "Lamb"}
+    with pytest.raises(zero_torch.ConfigError, match="Lamb"):
+        zero_torch.initialize(model=model, config=cfg)
+    cfg["optimizer"] = {"type": "NoSuchOptimizer"}
+    with pytest.raises(zero_torch.UnsupportedError, match="NoSuchOptimizer"):
+        zero_torch.initialize(model=model, config=cfg)
 
 
-def test_torch_adamw_is_adopted() -> None:
+def test_a_passed_optimizer_wins_over_the_configs_with_a_warning() -> None:
     model = models.Toy()
     cfg = workers.toy_config(1, 1, 4)
-    del cfg["optimizer"]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.05)
-    engine, optimizer, _, _ = zero_torch.initialize(model=model, optimizer=opt, config=cfg)
+    with pytest.warns(UserWarning, match="passed in code is used"):
+        engine, optimizer, _, _ = zero_torch.initialize(model=model, optimizer=opt, config=cfg)
     assert engine.get_lr() == [pytest.approx(3e-3)]
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(3e-3)
-    with pytest.raises(zero_torch.ConfigError, match="pass only one"):
-        zero_torch.initialize(model=models.Toy(), optimizer=torch.optim.AdamW(models.Toy().parameters()), config=workers.toy_config(1, 1, 4))
+    assert optimizer.param_groups is opt.param_groups
+    assert optimizer.param_groups[0]["weight_decay"] == 0.05
+
+
+def test_without_an_optimizer_forward_runs_and_backward_is_refused() -> None:
+    cfg = workers.toy_config(3, 1, 4)
+    del cfg["optimizer"]
+    engine, optimizer, _, scheduler = zero_torch.initialize(model=models.Toy(), config=cfg)
+    assert optimizer is None and scheduler is None
+    x, y = models.regression(1, 4)[0]
+    loss = engine(x, y)
+    assert torch.isfinite(loss)
+    with pytest.raises(zero_torch.ConfigError, match="must provide optimizer"):
+        engine.backward(loss)
 
 
 def test_fp16_overflow_skips_the_step_and_changes_nothing() -> None:

@@ -321,7 +321,14 @@ def main() -> None:
     out = Path(os.environ["ZT_OUT"])
     rank = int(os.environ["RANK"])
     try:
-        result = globals()[task](**args)
+        if "." in task:  # a function of another test module: "module.function"
+            import importlib
+
+            module, name = task.rsplit(".", 1)
+            fn = getattr(importlib.import_module(module), name)
+        else:
+            fn = globals()[task]
+        result = fn(**args)
     except BaseException as e:  # reported to the test, which decides
         result = {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "log": traceback.format_exc()}
     with open(out / f"rank{rank}.pkl", "wb") as f:

@@ -1,0 +1,209 @@
+"""torch's default process group, as DeepSpeed starts and uses it.
+
+DeepSpeed's ``initialize`` (and ``deepspeed.init_distributed``) creates torch's default
+group, so scripts can call ``torch.distributed.barrier()`` or build a
+``DistributedSampler``. zero's own collectives do not go through it (the engine has its
+own group: shared memory on the CPU, NCCL on GPUs), but zero creates it too, and uses it
+for three small things: rank 0's initial parameters and buffers reach every rank, the
+port of zero's own rendezvous is agreed (so it never collides with torch's store on
+``MASTER_PORT``), and ``deepspeed.comm`` delegates to it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import socket
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _native
+from .errors import CommError
+
+DEFAULT_PORT = 29500
+"""DeepSpeed's and torch's default ``MASTER_PORT``."""
+EXIT_BARRIER_S = 30
+"""How long a rank waits at exit for its peers before tearing its own gloo group down."""
+
+
+def default_timeout() -> datetime.timedelta:
+    """DeepSpeed's default process-group timeout: ``DEEPSPEED_TIMEOUT`` minutes (10)."""
+    return datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", "10")))
+
+
+def backend_for(device: torch.device) -> str:
+    """DeepSpeed's accelerator's communication backend: NCCL for CUDA, gloo for the CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _set_launch_variables() -> None:
+    """torch's ``env://`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; ``srun`` and ``mpirun`` set their own. Fill in what is missing from
+    zero's reading of the launcher (what DeepSpeed's MPI discovery does, without mpi4py)."""
+    rank, world, local, local_world, addr = _native.launch_addr()
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("LOCAL_RANK", str(local))
+    if local_world is not None:
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(local_world))
+    os.environ.setdefault("MASTER_ADDR", addr)
+
+
+def init_distributed(
+    dist_backend: Optional[str] = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = DEFAULT_PORT,
+    verbose: bool = True,
+    timeout: Optional[datetime.timedelta] = None,
+    init_method: Optional[str] = None,
+    dist_init_required: Optional[bool] = None,
+    config: Any = None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """DeepSpeed's ``deepspeed.init_distributed``: creates torch's default process group
+    unless it exists (then it is used as it is, as DeepSpeed does).
+
+    Without a launcher the job is a world of one (a free local port). Under ``torchrun``
+    or the ``deepspeed`` launcher the group is created from their variables; under
+    ``srun`` or ``mpirun`` the missing ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` come from
+    their own variables. The backend is ``dist_backend``, else gloo on the CPU and NCCL on
+    a GPU (the accelerator's choice). ``dist_init_required=False`` with no group is an
+    error, as in DeepSpeed."""
+    del verbose, config, auto_mpi_discovery
+    if dist.is_available() and dist.is_initialized():
+        return
+    if dist_init_required is False:
+        raise CommError(
+            "Distributed backend is not initialized: dist_init_required=False needs torch's "
+            "process group to exist already (call torch.distributed.init_process_group or "
+            "deepspeed.init_distributed first)"
+        )
+    if not dist.is_available():
+        raise CommError("torch.distributed is not available in this build of torch")
+    launched = any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"))
+    if launched:
+        _set_launch_variables()
+    elif init_method is None and rank < 0:
+        # A world of one (a script run with plain `python`): a free port on this host.
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(distributed_port))
+    backend = dist_backend or backend_for(_launch_device())
+    kwargs: dict = {"backend": backend, "timeout": timeout or default_timeout()}
+    if init_method is not None:
+        kwargs["init_method"] = init_method
+    if rank >= 0:
+        kwargs["rank"] = rank
+    if world_size >= 0:
+        kwargs["world_size"] = world_size
+    if backend == "nccl" and torch.cuda.is_available():
+        kwargs["device_id"] = torch.device("cuda", _local_cuda_index())
+    dist.init_process_group(**kwargs)
+    # A group left to the interpreter's teardown can abort the process at exit ("terminate
+    # called without an active exception" from its threads): the group zero made is
+    # destroyed before that.
+    atexit.register(_destroy_own_group)
+
+
+def _destroy_own_group() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            # Ranks leave gloo together: a rank that tears its group down while a peer's
+            # is still connected can abort the peer at exit (seen in about 1 of 60 runs
+            # without this). Bounded, so a rank that died costs its peers seconds, not hours.
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
+    except Exception:  # a peer already gone: leave anyway
+        pass
+    try:
+        dist.destroy_process_group()
+    except Exception:  # already torn down by the script
+        pass
+
+
+def _launch_device() -> torch.device:
+    """The device DeepSpeed's accelerator would pick before any model exists."""
+    wanted = os.environ.get("DS_ACCELERATOR", "").strip().lower()
+    if wanted == "cpu" or (wanted != "cuda" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", _local_cuda_index())
+
+
+def _local_cuda_index() -> int:
+    count = torch.cuda.device_count()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return 0 if count <= 1 else local
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_default_group(device: torch.device, timeout: Optional[datetime.timedelta] = None) -> None:
+    """Creates torch's default group for a model on ``device`` unless one exists (what
+    ``deepspeed.initialize`` does)."""
+    if dist.is_initialized():
+        return
+    init_distributed(dist_backend=backend_for(device), timeout=timeout)
+
+
+def world_size() -> int:
+    """The default group's size (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def agree_rendezvous_port() -> Optional[int]:
+    """A port for zero's own rendezvous, chosen by rank 0 (free on its host) and
+    broadcast over torch's default group: zero's rendezvous then never competes with
+    torch's store for ``MASTER_PORT`` (the ``deepspeed`` launcher gives none of its own).
+    ``None`` in a world of one, where zero needs no rendezvous."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    box: List[Optional[int]] = [_free_port() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0, device=_object_device())
+    return box[0]
+
+
+def _object_device() -> Optional[torch.device]:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def broadcast_model(module: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (DeepSpeed broadcasts parameters
+    only; zero also broadcasts buffers, so a script that seeds per rank starts every rank
+    from the same model). One collective per dtype and device: the tensors are flattened
+    into one buffer each."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    tensors = [p.data for p in module.parameters()] + [b for b in module.buffers()]
+    seen = set()
+    groups: dict = {}
+    for t in tensors:
+        if id(t) in seen or t.numel() == 0:
+            continue
+        seen.add(id(t))
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for (dtype, device), ts in groups.items():
+        if dist.get_backend() == "gloo" and device.type != "cpu":
+            raise CommError(f"tensors on {device} cannot cross a gloo group")
+        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        as_bytes = flat.view(torch.uint8) if dtype.is_floating_point or dtype == torch.bool else flat
+        dist.broadcast(as_bytes, src=0)
+        at = 0
+        with torch.no_grad():
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[at:at + n].view(t.shape))
+                at += n

@@ -1,0 +1,14 @@
+"""``deepspeed.zero`` (``deepspeed.runtime.zero``): :mod:`zero_torch.zero`'s ``Init`` and
+``GatheredParameters`` (and ``register_external_parameter`` where zero_torch provides it),
+``offload_config`` and ``partition_parameters``."""
+
+from zero_torch import zero as _public
+from zero_torch.zero import GatheredParameters, Init  # noqa: F401
+
+from ..._missing import module_getattr
+from . import offload_config, partition_parameters  # noqa: F401
+
+EXTERNAL_PARAMETER_NAMES = ("register_external_parameter", "unregister_external_parameter")
+"""Names read from zero_torch.zero when asked for (provided there as they are written)."""
+
+__getattr__ = module_getattr(__name__, _public, EXTERNAL_PARAMETER_NAMES)

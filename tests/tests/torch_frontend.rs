@@ -149,7 +149,7 @@ fn zero_torch_passes_its_python_tests() {
                 ),
             )
             .env("TMPDIR", tmp.path()),
-        Duration::from_secs(2400),
+        Duration::from_secs(3600),
     );
     assert!(ok, "zero-torch's Python tests failed (output above)");
 }

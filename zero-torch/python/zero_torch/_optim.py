@@ -140,29 +140,20 @@ def _from_config(resolved: Dict[str, Any], params: List[Any]) -> torch.optim.Opt
     ``_configure_basic_optimizer``), over ``params``."""
     o = resolved["optimizer"]
     adam = o.get("adam")
-    if adam is not None and o.get("params", {}).get("torch_adam") and not resolved.get("offload_optimizer"):
-        # DeepSpeed's `torch_adam`: torch's own Adam/AdamW, with torch's defaults.
-        cls = torch.optim.AdamW if adam["decoupled"] else torch.optim.Adam
-        return cls(
-            params,
-            lr=float(adam["lr"]),
-            betas=(float(adam["betas"][0]), float(adam["betas"][1])),
-            eps=float(adam["eps"]),
-            weight_decay=float(adam["weight_decay"]),
-            foreach=o["params"].get("foreach"),
-        )
     if adam is not None:
-        cls = DeepSpeedCPUAdam if resolved.get("offload_optimizer") else FusedAdam
-        mode = {"adamw_mode" if cls is DeepSpeedCPUAdam else "adam_w_mode": bool(adam["decoupled"])}
-        return cls(
-            params,
+        common: Dict[str, Any] = dict(
             lr=float(adam["lr"]),
             betas=(float(adam["betas"][0]), float(adam["betas"][1])),
             eps=float(adam["eps"]),
             weight_decay=float(adam["weight_decay"]),
-            bias_correction=bool(adam["bias_correction"]),
-            **mode,
         )
+        if o.get("params", {}).get("torch_adam") and not resolved.get("offload_optimizer"):
+            # DeepSpeed's `torch_adam`: torch's own Adam/AdamW, with torch's defaults.
+            cls = torch.optim.AdamW if adam["decoupled"] else torch.optim.Adam
+            return cls(params, foreach=o["params"].get("foreach"), **common)
+        ds = DeepSpeedCPUAdam if resolved.get("offload_optimizer") else FusedAdam
+        mode = {"adamw_mode" if ds is DeepSpeedCPUAdam else "adam_w_mode": bool(adam["decoupled"])}
+        return ds(params, bias_correction=bool(adam["bias_correction"]), **common, **mode)
     name = o["name"]
     cls = getattr(torch.optim, name, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):

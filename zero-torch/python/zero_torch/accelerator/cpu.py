@@ -60,6 +60,11 @@ def _numa_core_lists() -> List[List[int]]:
     return cores
 
 
+def _torch_type(name: str) -> Any:
+    """A read-only property: ``torch.<name>``."""
+    return property(lambda self: getattr(torch, name), doc=f"``torch.{name}``.")
+
+
 class CPU_Accelerator(DeepSpeedAccelerator):
     """DeepSpeed 0.19.8's CPU accelerator: memory is the process's resident set size,
     streams and events do not exist (``None``), synchronization is a no-op."""
@@ -290,40 +295,14 @@ class CPU_Accelerator(DeepSpeedAccelerator):
         """Nothing."""
         return None
 
-    @property
-    def BFloat16Tensor(self) -> Any:
-        """``torch.BFloat16Tensor``."""
-        return torch.BFloat16Tensor
-
-    @property
-    def ByteTensor(self) -> Any:
-        """``torch.ByteTensor``."""
-        return torch.ByteTensor
-
-    @property
-    def DoubleTensor(self) -> Any:
-        """``torch.DoubleTensor``."""
-        return torch.DoubleTensor
-
-    @property
-    def FloatTensor(self) -> Any:
-        """``torch.FloatTensor``."""
-        return torch.FloatTensor
-
-    @property
-    def HalfTensor(self) -> Any:
-        """``torch.HalfTensor``."""
-        return torch.HalfTensor
-
-    @property
-    def IntTensor(self) -> Any:
-        """``torch.IntTensor``."""
-        return torch.IntTensor
-
-    @property
-    def LongTensor(self) -> Any:
-        """``torch.LongTensor``."""
-        return torch.LongTensor
+    # DeepSpeed's `<Type>Tensor` properties: torch's own legacy constructors.
+    BFloat16Tensor = _torch_type("BFloat16Tensor")
+    ByteTensor = _torch_type("ByteTensor")
+    DoubleTensor = _torch_type("DoubleTensor")
+    FloatTensor = _torch_type("FloatTensor")
+    HalfTensor = _torch_type("HalfTensor")
+    IntTensor = _torch_type("IntTensor")
+    LongTensor = _torch_type("LongTensor")
 
     def pin_memory(self, tensor: torch.Tensor, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
         """``tensor`` itself: torch cannot page-lock memory for the CPU."""

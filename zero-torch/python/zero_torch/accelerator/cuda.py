@@ -12,6 +12,14 @@ import torch
 from .base import DeepSpeedAccelerator
 
 
+def _cuda_tensor(dtype: torch.dtype) -> Any:
+    """A read-only property: ``torch.tensor`` with ``dtype`` on ``cuda``."""
+    return property(
+        lambda self: functools.partial(torch.tensor, dtype=dtype, device="cuda"),
+        doc=f"``torch.tensor`` with ``dtype={dtype}, device=\"cuda\"``.",
+    )
+
+
 class CUDA_Accelerator(DeepSpeedAccelerator):
     """DeepSpeed 0.19.8's CUDA accelerator: torch.cuda's devices, streams, events, memory
     statistics and RNG; NCCL."""
@@ -258,40 +266,14 @@ class CUDA_Accelerator(DeepSpeedAccelerator):
         """``graph.replay()``."""
         graph.replay()
 
-    @property
-    def BFloat16Tensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.bfloat16, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.bfloat16, device="cuda")
-
-    @property
-    def ByteTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.uint8, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.uint8, device="cuda")
-
-    @property
-    def DoubleTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.double, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.double, device="cuda")
-
-    @property
-    def FloatTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.float, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.float, device="cuda")
-
-    @property
-    def HalfTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.half, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.half, device="cuda")
-
-    @property
-    def IntTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.int, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.int, device="cuda")
-
-    @property
-    def LongTensor(self) -> Any:
-        """``torch.tensor`` with ``dtype=torch.long, device="cuda"``."""
-        return functools.partial(torch.tensor, dtype=torch.long, device="cuda")
+    # DeepSpeed's `<Type>Tensor` properties: torch.tensor with that dtype, on cuda.
+    BFloat16Tensor = _cuda_tensor(torch.bfloat16)
+    ByteTensor = _cuda_tensor(torch.uint8)
+    DoubleTensor = _cuda_tensor(torch.double)
+    FloatTensor = _cuda_tensor(torch.float)
+    HalfTensor = _cuda_tensor(torch.half)
+    IntTensor = _cuda_tensor(torch.int)
+    LongTensor = _cuda_tensor(torch.long)
 
     def on_accelerator(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is on a CUDA device."""

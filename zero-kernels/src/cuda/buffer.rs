@@ -3,7 +3,7 @@
 //! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
 
 use super::gpu::{driver, GpuError};
-use super::readers::{StreamId, StreamReaders};
+use super::readers::{Reader, StreamId, StreamReaders};
 use crate::{DType, Element};
 use half::{bf16, f16};
 use std::ops::Range;
@@ -89,8 +89,37 @@ macro_rules! with_gpu_type {
 pub struct GpuBuffer {
     data: GpuData,
     len: usize,
-    /// Which streams read it since its last write (checked in debug builds).
+    /// Which streams read it since its last write: a write or the free on another
+    /// stream waits for them ([`StreamReaders`]).
     readers: StreamReaders,
+}
+
+/// Makes `waiter` wait for everything queued on `reader` so far.
+fn order_after(
+    waiter: &CudaStream,
+    reader: &CudaStream,
+) -> Result<(), zero_sys::cudarc::driver::DriverError> {
+    let done = reader.record_event(Some(
+        zero_sys::cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+    ))?;
+    waiter.wait(&done)
+}
+
+impl Drop for GpuBuffer {
+    /// The allocation is freed on the stream it was made on, after the last read
+    /// `cudarc`'s event holds: first make that stream wait for the reads it forgot.
+    fn drop(&mut self) {
+        let owner = match &self.data {
+            GpuData::F32(s) => s.stream().clone(),
+            GpuData::F16(s) => s.stream().clone(),
+            GpuData::BF16(s) => s.stream().clone(),
+        };
+        for r in self.readers.forgotten_except(stream_id(&owner)) {
+            if let Some(reader) = r.stream {
+                owner.context().record_err(order_after(&owner, &reader));
+            }
+        }
+    }
 }
 
 /// The identity [`StreamReaders`] knows a stream by.
@@ -185,28 +214,22 @@ impl GpuBuffer {
         &self.data
     }
 
-    /// Notes a read on `stream` (debug builds), for the last-reader rule.
-    pub(crate) fn note_read(&self, stream: &CudaStream) {
-        if cfg!(debug_assertions) {
-            self.readers.read(stream_id(stream));
-        }
+    /// Notes a read on `stream`, so a later write or free on another stream waits for it
+    /// even after `cudarc`'s read event moved on to another reader (invariant 19).
+    pub(crate) fn note_read(&self, stream: &Arc<CudaStream>) {
+        self.readers.read(Reader {
+            id: stream_id(stream),
+            stream: Some(stream.clone()),
+        });
     }
 
-    /// Notes a write on `stream` (debug builds) and asserts it waits for every earlier
-    /// read: `cudarc` keeps only the last reader's event, so a write after reads on two
-    /// other streams would race with the first (ARCHITECTURE.md, invariant 19).
-    pub(crate) fn note_write(&self, stream: &CudaStream) {
-        if cfg!(debug_assertions) {
-            if let Err(racing) = self.readers.write(stream_id(stream)) {
-                debug_assert!(
-                    false,
-                    "a write on stream {:#x} to a {} buffer of {} elements does not wait for \
-                     the earlier reads on stream(s) {racing:#x?}: cudarc's read event holds \
-                     only the last reader (ARCHITECTURE.md, invariant 19)",
-                    stream_id(stream),
-                    self.dtype(),
-                    self.len
-                );
+    /// Notes a write on `stream`, which first waits for every earlier read `cudarc`'s
+    /// read event no longer holds (invariant 19). A driver error is kept in the context
+    /// and reported by the next call, as `cudarc` does for errors it cannot return.
+    pub(crate) fn note_write(&self, stream: &Arc<CudaStream>) {
+        for r in self.readers.write(stream_id(stream)) {
+            if let Some(reader) = r.stream {
+                stream.context().record_err(order_after(stream, &reader));
             }
         }
     }
@@ -215,9 +238,9 @@ impl GpuBuffer {
     /// buffer's last write); the guard records the read when dropped, after the caller has
     /// queued it.
     ///
-    /// Not noted for the last-reader rule: its one user (NCCL) waits on the host for the
-    /// collective's completion before the buffer comes back, so its reads are over before
-    /// any other stream can use the buffer.
+    /// Not noted as a read: its one user (NCCL) waits on the host for the collective's
+    /// completion before the buffer comes back, so its reads are over before any other
+    /// stream can use the buffer.
     pub fn read_addr<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
         match &self.data {
             GpuData::F32(s) => s.device_ptr(stream),

@@ -1,31 +1,40 @@
-//! The streams that read a device buffer since its last write, for checking the
-//! last-reader rule (ARCHITECTURE.md, invariant 19).
+//! The streams that read a device buffer since its last write, so a later write or free
+//! waits for all of them (ARCHITECTURE.md, invariant 19).
 //!
 //! `cudarc` keeps one read event and one write event per allocation. A write on stream W
 //! waits for the last recorded read and the last write, so a read on stream A followed
 //! by a read on stream B leaves only B's read in the event: A's read is forgotten. If W
-//! is not A, W's write may then overwrite the buffer while A still reads it. So: **a
-//! buffer read by one stream and then by another must not next be written by a stream
-//! other than the first reader** (in the engine: a buffer read by the comm stream, then
-//! by a rank's stream, must never then be written by that rank's stream).
+//! is not A, W's write would overwrite the buffer while A still reads it; and the free
+//! when the buffer is dropped (queued on the stream it was allocated on) would release
+//! memory A still reads (found by zero-gpusim on the one-device group's broadcast: the
+//! root's buffer, read by the comm stream and then by its rank's stream, was freed on the
+//! rank's stream with nothing ordering the free after the comm stream's read).
 //!
 //! [`StreamReaders`] follows the reads and writes of one buffer and names the forgotten
-//! readers a write would race with; `GpuBuffer` checks it in debug builds on every use
-//! made through a stream (`GpuStream::read` / `GpuStream::write`, `read_addr`,
-//! `write_addr`).
+//! readers; `GpuBuffer` makes a write (`GpuStream::write`, `write_addr`) and its own free
+//! wait for an event recorded on each of them first.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use zero_sys::cudarc::driver::CudaStream;
 
 /// A stream's identity: its handle's address, plus one (so the null default stream is 1
 /// and 0 is never a stream).
 pub(crate) type StreamId = u64;
 
+/// A stream that read the buffer: its identity, and the stream itself to order against
+/// (absent in unit tests).
+#[derive(Debug, Clone)]
+pub(crate) struct Reader {
+    pub(crate) id: StreamId,
+    pub(crate) stream: Option<Arc<CudaStream>>,
+}
+
 #[derive(Debug, Default)]
 struct Log {
     /// The stream whose read is in `cudarc`'s read event.
-    last: Option<StreamId>,
+    last: Option<Reader>,
     /// Streams whose reads were displaced from the read event since the last write.
-    forgotten: Vec<StreamId>,
+    forgotten: Vec<Reader>,
 }
 
 /// Reads and writes of one buffer by stream.
@@ -35,85 +44,103 @@ pub(crate) struct StreamReaders {
 }
 
 impl StreamReaders {
-    /// `stream` reads the buffer.
-    pub(crate) fn read(&self, stream: StreamId) {
+    /// `reader` reads the buffer.
+    pub(crate) fn read(&self, reader: Reader) {
         let Ok(mut log) = self.log.lock() else {
             return;
         };
-        if let Some(prev) = log.last.replace(stream) {
-            if prev != stream && !log.forgotten.contains(&prev) {
+        let id = reader.id;
+        if let Some(prev) = log.last.replace(reader) {
+            if prev.id != id && !log.forgotten.iter().any(|f| f.id == prev.id) {
                 log.forgotten.push(prev);
             }
         }
-        log.forgotten.retain(|s| *s != stream);
+        log.forgotten.retain(|s| s.id != id);
     }
 
-    /// `stream` writes the buffer: `Err` with the streams whose reads the write does not
-    /// wait for. The log starts afresh either way.
-    pub(crate) fn write(&self, stream: StreamId) -> Result<(), Vec<StreamId>> {
+    /// Stream `writer` writes the buffer: the readers its write does not wait for (they
+    /// must be waited for first). The log starts afresh.
+    pub(crate) fn write(&self, writer: StreamId) -> Vec<Reader> {
         let Ok(mut log) = self.log.lock() else {
-            return Ok(());
+            return Vec::new();
         };
-        let racing: Vec<StreamId> = log
+        let racing = log
             .forgotten
             .iter()
-            .copied()
-            .filter(|s| *s != stream)
+            .filter(|s| s.id != writer)
+            .cloned()
             .collect();
         *log = Log::default();
-        if racing.is_empty() {
-            Ok(())
-        } else {
-            Err(racing)
-        }
+        racing
+    }
+
+    /// The forgotten readers other than `owner` (for the free on `owner`'s stream).
+    pub(crate) fn forgotten_except(&self, owner: StreamId) -> Vec<Reader> {
+        let Ok(log) = self.log.lock() else {
+            return Vec::new();
+        };
+        log.forgotten
+            .iter()
+            .filter(|s| s.id != owner)
+            .cloned()
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::StreamReaders;
+    use super::{Reader, StreamId, StreamReaders};
 
     const COMM: u64 = 0x7000_0001;
     const RANK: u64 = 0x7100_0001;
     const OTHER: u64 = 0x7200_0001;
 
+    fn r(id: StreamId) -> Reader {
+        Reader { id, stream: None }
+    }
+
+    fn ids(v: Vec<Reader>) -> Vec<StreamId> {
+        v.into_iter().map(|x| x.id).collect()
+    }
+
     #[test]
     fn comm_read_then_rank_read_then_rank_write_is_caught() {
-        let r = StreamReaders::default();
-        r.read(COMM);
-        r.read(RANK);
-        assert_eq!(r.write(RANK), Err(vec![COMM]));
+        let s = StreamReaders::default();
+        s.read(r(COMM));
+        s.read(r(RANK));
+        assert_eq!(ids(s.forgotten_except(RANK)), [COMM]);
+        assert_eq!(ids(s.write(RANK)), [COMM]);
         // The log starts afresh after a write.
-        assert_eq!(r.write(RANK), Ok(()));
+        assert!(s.write(RANK).is_empty());
     }
 
     #[test]
     fn orders_cudarc_does_wait_for_are_fine() {
         // The last reader is in the read event: the write waits for it.
-        let r = StreamReaders::default();
-        r.read(COMM);
-        assert_eq!(r.write(RANK), Ok(()));
+        let s = StreamReaders::default();
+        s.read(r(COMM));
+        assert!(s.write(RANK).is_empty());
         // The forgotten reader writes: its own stream orders its read first.
-        r.read(COMM);
-        r.read(RANK);
-        assert_eq!(r.write(COMM), Ok(()));
+        s.read(r(COMM));
+        s.read(r(RANK));
+        assert!(s.write(COMM).is_empty());
         // One stream reading many times forgets nothing.
-        r.read(RANK);
-        r.read(RANK);
-        assert_eq!(r.write(COMM), Ok(()));
+        s.read(r(RANK));
+        s.read(r(RANK));
+        assert!(s.write(COMM).is_empty());
         // A forgotten stream that reads again is the last reader again.
-        r.read(COMM);
-        r.read(RANK);
-        r.read(COMM);
-        assert_eq!(r.write(OTHER), Err(vec![RANK]));
+        s.read(r(COMM));
+        s.read(r(RANK));
+        s.read(r(COMM));
+        assert_eq!(ids(s.write(OTHER)), [RANK]);
     }
 
     #[test]
     fn every_forgotten_reader_is_named() {
-        let r = StreamReaders::default();
-        r.read(COMM);
-        r.read(OTHER);
-        r.read(RANK);
-        assert_eq!(r.write(RANK), Err(vec![COMM, OTHER]));
+        let s = StreamReaders::default();
+        s.read(r(COMM));
+        s.read(r(OTHER));
+        s.read(r(RANK));
+        assert_eq!(ids(s.write(RANK)), [COMM, OTHER]);
     }
 }

@@ -96,8 +96,8 @@ impl GpuStream {
         self.tables.upload(&self.stream, table)
     }
 
-    /// `b[range]` as `T`, for a read on this stream: the use is noted for the
-    /// last-reader rule (debug builds; see [`GpuBuffer`]'s `note_write`).
+    /// `b[range]` as `T`, for a read on this stream: the read is noted, so a later write
+    /// or free on another stream waits for it (ARCHITECTURE.md, invariant 19).
     pub fn read<'a, T: GpuElement>(
         &self,
         b: &'a GpuBuffer,
@@ -108,8 +108,8 @@ impl GpuStream {
         b.view(range)
     }
 
-    /// `b[range]` as mutable `T`, for a write (or read and write) on this stream; checks
-    /// the last-reader rule in debug builds.
+    /// `b[range]` as mutable `T`, for a write (or read and write) on this stream, which
+    /// first waits for every earlier read on another stream (invariant 19).
     pub fn write<'a, T: GpuElement>(
         &self,
         b: &'a mut GpuBuffer,

@@ -117,7 +117,17 @@ impl<T> Completion for NcclWork<T> {
                 return Err(err);
             }
             match self.event.try_is_complete() {
-                Ok(true) => return Ok(self.output),
+                // The stream got past the collective, but that is no proof it succeeded:
+                // an aborted NCCL kernel exits early (a peer's failure, a disagreement) and
+                // leaves the error in the communicator. Ask once more before handing out
+                // the result (found on zero-gpusim: a rank whose collective failed after
+                // the last poll returned its unreduced buffer as the result).
+                Ok(true) => {
+                    if let Err(e) = sh.check_health() {
+                        return Err(sh.abort(backend(self.seq, &self.op, e.to_string())));
+                    }
+                    return Ok(self.output);
+                }
                 Ok(false) => {}
                 Err(e) => {
                     return Err(sh.abort(backend(self.seq, &self.op, format!("{e:?}"))));

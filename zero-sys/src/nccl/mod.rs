@@ -184,6 +184,29 @@ impl Nccl {
                 .into_owned(),
             Err(_) => "no ncclGetErrorString".into(),
         };
+        // NCCL 2.13+ keeps the last error's detail ("Duplicate GPU detected: rank 1 and
+        // rank 0 both on CUDA device 0", a peer's abort): name it too.
+        let detail = match self.lib.ncclGetLastError.as_ref() {
+            // SAFETY: ncclGetLastError(NULL) returns a NUL-terminated string owned by NCCL
+            // (possibly empty), valid until its next error; it is copied at once.
+            Ok(f) => {
+                let p = unsafe { f(std::ptr::null_mut()) };
+                if p.is_null() {
+                    String::new()
+                } else {
+                    // SAFETY: as above.
+                    unsafe { std::ffi::CStr::from_ptr(p) }
+                        .to_string_lossy()
+                        .into_owned()
+                }
+            }
+            Err(_) => String::new(),
+        };
+        let message = if detail.trim().is_empty() {
+            message
+        } else {
+            format!("{message}: {}", detail.trim())
+        };
         Err(NcclError::Call {
             call,
             code: rc,

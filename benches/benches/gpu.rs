@@ -48,7 +48,7 @@ fn gpu_benches(c: &mut Criterion) {
     let gpu = match Gpu::get() {
         Ok(g) => g,
         Err(e) => {
-            println!("SKIPPED gpu benches: {e}");
+            zero_kernels::testing::skip_gpu_test("gpu benches", &e.to_string());
             return;
         }
     };

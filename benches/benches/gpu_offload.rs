@@ -55,7 +55,7 @@ fn main() {
     let dev = match CudaDevice::new() {
         Ok(d) => d,
         Err(e) => {
-            println!("SKIPPED gpu_offload bench: {e}");
+            zero_kernels::testing::skip_gpu_test("gpu_offload bench", &e.to_string());
             return;
         }
     };

@@ -128,7 +128,7 @@ fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
         return;
     }
     if let Err(e) = zero_sys::nccl::Nccl::get() {
-        println!("SKIPPED NCCL engine: {e}");
+        zero_kernels::testing::skip_gpu_test("NCCL engine", &e.to_string());
         return;
     }
     let seed = seed("engine_gpu nccl");

@@ -16,8 +16,25 @@ pub fn fresh_seed(test: &str) -> u64 {
     seed
 }
 
+/// Whether GPU tests must run: `ZERO_REQUIRE_GPU=1` (the stand-in pass of CI, `.ci/gpusim`,
+/// and a first run on a real GPU), where a GPU test that would skip fails instead.
+pub fn gpu_required() -> bool {
+    std::env::var("ZERO_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Prints a GPU test's visible skip, or fails it where GPU tests are required
+/// ([`gpu_required`]).
+pub fn skip_gpu_test(test: &str, reason: &str) {
+    assert!(
+        !gpu_required(),
+        "{test}: ZERO_REQUIRE_GPU=1, and this GPU test would skip: {reason}"
+    );
+    println!("SKIPPED {test}: {reason}");
+}
+
 /// The process's GPU for a GPU test, or `None` after printing a visible skip where this
-/// machine has no CUDA driver. A driver that is present but fails is a test failure.
+/// machine has no CUDA driver ([`skip_gpu_test`]: a failure under `ZERO_REQUIRE_GPU=1`). A
+/// driver that is present but fails is a test failure.
 pub fn gpu_or_skip(test: &str) -> Option<&'static crate::cuda::Gpu> {
     match crate::cuda::Gpu::get() {
         Ok(g) => {
@@ -25,7 +42,7 @@ pub fn gpu_or_skip(test: &str) -> Option<&'static crate::cuda::Gpu> {
             Some(g)
         }
         Err(crate::cuda::GpuError::NoDriver(e)) => {
-            println!("SKIPPED {test}: no GPU on this machine ({e})");
+            skip_gpu_test(test, &format!("no GPU on this machine ({e})"));
             None
         }
         Err(e) => panic!("{test}: a GPU driver is present but the GPU path failed: {e}"),

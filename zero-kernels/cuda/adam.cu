@@ -32,7 +32,11 @@ __device__ void adam_impl(float* w, float* m, float* v, const typename G::T* gra
     if (found_inf != 0 && *found_inf != 0) return;
     const float scale = grad_scale != 0 ? *grad_scale : grad_scale_value;
     const u64 groups = n / 4;
+    // Each of the five streams is read and written four elements at a time with one
+    // vector access where its pointer allows (every warp instruction coalesced).
     const bool vec = ((((u64)w) | ((u64)m) | ((u64)v)) & 15) == 0;
+    const bool gvec = aligned4(grads);
+    const bool pvec = params != 0 && aligned4(params);
     for (u64 q = global_thread(); q < groups; q += global_threads()) {
         float4 wq, mq, vq;
         if (vec) {
@@ -42,11 +46,23 @@ __device__ void adam_impl(float* w, float* m, float* v, const typename G::T* gra
             mq = make_float4(m[4 * q], m[4 * q + 1], m[4 * q + 2], m[4 * q + 3]);
             vq = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
         }
+        typename G::T gq[4];
+        if (gvec) {
+            load4(grads + 4 * q, gq);
+        } else {
+            for (int k = 0; k < 4; ++k) gq[k] = grads[4 * q + k];
+        }
         float* wv = &wq.x; float* mv = &mq.x; float* vv = &vq.x;
+        typename P::T pq[4];
         for (int k = 0; k < 4; ++k) {
-            const float g = __fmul_rn(G::load(grads[4 * q + k]), scale);
+            const float g = __fmul_rn(G::load(gq[k]), scale);
             wv[k] = adam_update(s, wv[k], mv[k], vv[k], g);
-            if (params != 0) params[4 * q + k] = P::store(wv[k]);
+            pq[k] = P::store(wv[k]);
+        }
+        if (pvec) {
+            store4(params + 4 * q, pq);
+        } else if (params != 0) {
+            for (int k = 0; k < 4; ++k) params[4 * q + k] = pq[k];
         }
         if (vec) {
             ((float4*)w)[q] = wq; ((float4*)m)[q] = mq; ((float4*)v)[q] = vq;

@@ -46,3 +46,29 @@ struct BF16 {
 
 __device__ __forceinline__ u64 global_thread() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 global_threads() { return (u64)gridDim.x * blockDim.x; }
+
+// Four consecutive elements through one vector access (16 bytes of f32, 8 of 16-bit
+// values; the pointer is aligned to that size), so a warp's lanes touch consecutive
+// memory in one instruction: no 32-byte sector is fetched twice for a strided access.
+__device__ __forceinline__ void load4(const float* p, float* v) {
+    const float4 a = *(const float4*)p;
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+}
+__device__ __forceinline__ void load4(const u16* p, u16* v) {
+    const uint2 a = *(const uint2*)p;
+    v[0] = (u16)a.x; v[1] = (u16)(a.x >> 16); v[2] = (u16)a.y; v[3] = (u16)(a.y >> 16);
+}
+// Stores are written as PTX: through a pointer read from memory (the flatten table's)
+// NVRTC splits a vector store into four scalar ones, four times the 32-byte sectors per
+// warp instruction (zero-gpusim's traffic table). Every pointer here is device memory.
+__device__ __forceinline__ void store4(float* p, const float* v) {
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(p)),
+                 "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
+}
+__device__ __forceinline__ void store4(u16* p, const u16* v) {
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(__cvta_generic_to_global(p)),
+                 "r"(v[0] | ((u32)v[1] << 16)), "r"(v[2] | ((u32)v[3] << 16)) : "memory");
+}
+// Whether `p` may be accessed four elements of `T` at a time.
+template <typename T>
+__device__ __forceinline__ bool aligned4(const T* p) { return (((u64)p) & (4 * sizeof(T) - 1)) == 0; }

@@ -133,10 +133,28 @@ pub struct LaunchMemory {
     touched: Vec<Touched>,
     /// Index in `touched` of the allocation hit last.
     last: Option<usize>,
-    /// Bytes loaded from global memory.
+    /// Bytes the threads loaded from global memory.
     pub read: u64,
-    /// Bytes stored to global memory.
+    /// Bytes the threads stored to global memory.
     pub written: u64,
+    /// 32-byte sectors loaded: per warp instruction, the distinct sectors its lanes touch
+    /// (what the memory system moves: lanes reading one address share one sector).
+    pub read_sectors: u64,
+    /// 32-byte sectors stored, counted the same way.
+    pub written_sectors: u64,
+    scratch: Vec<u64>,
+}
+
+/// The distinct 32-byte sectors `addrs` (each `size` bytes) touch.
+fn sectors(scratch: &mut Vec<u64>, addrs: &[u64], size: u64) -> u64 {
+    scratch.clear();
+    for &a in addrs {
+        let (first, last) = (a >> 5, (a + size - 1) >> 5);
+        scratch.extend(first..=last);
+    }
+    scratch.sort_unstable();
+    scratch.dedup();
+    scratch.len() as u64
 }
 
 impl LaunchMemory {
@@ -149,6 +167,9 @@ impl LaunchMemory {
             last: None,
             read: 0,
             written: 0,
+            read_sectors: 0,
+            written_sectors: 0,
+            scratch: Vec::with_capacity(64),
         }
     }
 
@@ -214,6 +235,7 @@ impl ptx::GlobalMemory for LaunchMemory {
         out: &mut [u128],
     ) -> Result<(), String> {
         let n = u64::from(size);
+        self.read_sectors += sectors(&mut self.scratch, addrs, n);
         let mut i = 0;
         while i < addrs.len() {
             let (t, _) = self.resolve(addrs[i], n, "load")?;
@@ -253,6 +275,7 @@ impl ptx::GlobalMemory for LaunchMemory {
         vals: &[u128],
     ) -> Result<(), String> {
         let n = u64::from(size);
+        self.written_sectors += sectors(&mut self.scratch, addrs, n);
         let mut i = 0;
         while i < addrs.len() {
             let (t, _) = self.resolve(addrs[i], n, "store")?;
@@ -295,9 +318,16 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
     let ran = ptx::launch(kernel, &k.dims, &k.params, &mut mem, &opts);
     // What it touched is recorded even if it faulted (the fault is reported first).
     let mut race: Option<String> = None;
+    // Distinct bytes loaded and stored: what the kernel needs from memory with perfect
+    // caching (a DRAM-side view of its traffic).
+    let mut distinct = [0u64; 2];
     for t in std::mem::take(&mut mem.touched) {
-        for (kind, runs) in [(Kind::Read, t.reads), (Kind::Write, t.writes)] {
+        for (i, (kind, runs)) in [(Kind::Read, t.reads), (Kind::Write, t.writes)]
+            .into_iter()
+            .enumerate()
+        {
             for (s, e) in merged(runs) {
+                distinct[i] += e - s;
                 if let Err(m) = cx.record(&t.alloc, s..e, kind) {
                     race.get_or_insert(m);
                 }
@@ -318,8 +348,14 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
     traffic::record(
         &k.function.name,
         &k.dims,
-        mem.read,
-        mem.written,
+        [
+            mem.read,
+            mem.written,
+            32 * mem.read_sectors,
+            32 * mem.written_sectors,
+            distinct[0],
+            distinct[1],
+        ],
         stats.thread_instructions,
     );
     match race {

@@ -1,5 +1,6 @@
-//! Global-memory traffic per kernel launch: bytes loaded and stored, and threads'
-//! instructions, for the traffic table (bytes moved against each kernel's ideal). It says
+//! Global-memory traffic per kernel launch: bytes the threads loaded and stored, the bytes
+//! the memory system moves for them (32-byte sectors per warp instruction), the distinct
+//! bytes they touch, and threads' instructions, for the traffic table (bytes moved against each kernel's ideal). It says
 //! nothing about speed.
 
 use crate::ptx::LaunchDims;
@@ -14,10 +15,18 @@ pub struct Launch {
     pub grid: [u32; 3],
     /// Its block.
     pub block: [u32; 3],
-    /// Bytes loaded from global memory.
+    /// Bytes the threads loaded from global memory.
     pub read: u64,
-    /// Bytes stored to global memory.
+    /// Bytes the threads stored to global memory.
     pub written: u64,
+    /// Bytes moved for the loads: 32 per distinct sector of each warp instruction.
+    pub read_moved: u64,
+    /// Bytes moved for the stores, counted the same way.
+    pub written_moved: u64,
+    /// Distinct bytes loaded (each byte once, however often the threads load it).
+    pub read_distinct: u64,
+    /// Distinct bytes stored.
+    pub written_distinct: u64,
     /// Thread instructions executed.
     pub instructions: u64,
 }
@@ -30,8 +39,10 @@ fn log() -> &'static Mutex<Vec<Launch>> {
     L.get_or_init(Default::default)
 }
 
-/// Records a launch.
-pub fn record(kernel: &str, dims: &LaunchDims, read: u64, written: u64, instructions: u64) {
+/// Records a launch: `bytes` is [loaded, stored] by the threads, then as moved in 32-byte
+/// sectors per warp instruction, then as distinct bytes.
+pub fn record(kernel: &str, dims: &LaunchDims, bytes: [u64; 6], instructions: u64) {
+    let [read, written, read_moved, written_moved, read_distinct, written_distinct] = bytes;
     let mut l = log().lock().unwrap_or_else(|p| p.into_inner());
     if l.len() >= KEEP {
         l.remove(0);
@@ -42,6 +53,10 @@ pub fn record(kernel: &str, dims: &LaunchDims, read: u64, written: u64, instruct
         block: dims.block,
         read,
         written,
+        read_moved,
+        written_moved,
+        read_distinct,
+        written_distinct,
         instructions,
     });
 }

@@ -22,15 +22,26 @@ pub extern "C" fn zero_gpusim_take_findings() -> *mut c_char {
 }
 
 /// The kernel launches since the last call, one per line:
-/// `kernel<TAB>grid<TAB>block<TAB>bytes read<TAB>bytes written<TAB>instructions`.
+/// `kernel<TAB>grid<TAB>block<TAB>bytes read<TAB>bytes written<TAB>instructions<TAB>bytes
+/// moved reading<TAB>bytes moved writing<TAB>distinct bytes read<TAB>distinct bytes
+/// written` (moved: 32 per distinct sector per warp instruction).
 #[no_mangle]
 pub extern "C" fn zero_gpusim_take_traffic() -> *mut c_char {
     let lines: Vec<String> = traffic::take()
         .into_iter()
         .map(|l| {
             format!(
-                "{}\t{:?}\t{:?}\t{}\t{}\t{}",
-                l.kernel, l.grid, l.block, l.read, l.written, l.instructions
+                "{}\t{:?}\t{:?}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                l.kernel,
+                l.grid,
+                l.block,
+                l.read,
+                l.written,
+                l.instructions,
+                l.read_moved,
+                l.written_moved,
+                l.read_distinct,
+                l.written_distinct
             )
         })
         .collect();

@@ -42,6 +42,25 @@ pub fn real_nvrtc() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// One launch's global-memory traffic.
+#[derive(Debug, Clone, Default)]
+pub struct Traffic {
+    /// The kernel.
+    pub kernel: String,
+    /// Bytes its threads loaded.
+    pub loaded: u64,
+    /// Bytes its threads stored.
+    pub stored: u64,
+    /// Bytes moved for the loads (32-byte sectors per warp instruction).
+    pub moved_in: u64,
+    /// Bytes moved for the stores.
+    pub moved_out: u64,
+    /// Distinct bytes loaded.
+    pub distinct_in: u64,
+    /// Distinct bytes stored.
+    pub distinct_out: u64,
+}
+
 /// The loaded stand-in.
 pub struct Sim {
     lib: libloading::Library,
@@ -66,10 +85,19 @@ pub fn sim(test: &str) -> Option<&'static Sim> {
             // OnceLock initializer.
             std::env::set_var("ZERO_GPUSIM_NVRTC", &nvrtc);
         }
-        std::env::set_var(
-            "ZERO_GPUSIM_PTX_DIR",
-            std::env::temp_dir().join("zero-gpusim-selftest-ptx"),
-        );
+        // zero's own crates (the traffic test) load the stand-in as driver and NVRTC too;
+        // without a PTX store and kernel cache of their own (.ci/gpusim sets both), cubins
+        // are compiled in the process, through the tap.
+        for (k, v) in [("ZERO_CUDA_LIB", &path), ("ZERO_NVRTC_LIB", &path)] {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+        if std::env::var_os("ZERO_GPUSIM_PTX_DIR").is_none() {
+            let dir = std::env::temp_dir().join("zero-gpusim-selftest-ptx");
+            std::env::set_var("ZERO_GPUSIM_PTX_DIR", dir);
+            std::env::set_var("ZERO_KERNEL_CACHE", "off");
+        }
         // SAFETY: the stand-in's initialisers have no preconditions.
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| e.to_string())?;
         let ctx = CudaContext::new(0).map_err(|e| format!("CudaContext::new: {e:?}"))?;
@@ -112,17 +140,23 @@ impl Sim {
             .collect()
     }
 
-    /// Kernel launches since the last call: (kernel, bytes read, bytes written).
-    pub fn traffic(&self) -> Vec<(String, u64, u64)> {
+    /// Kernel launches since the last call: the kernel, the bytes its threads loaded and
+    /// stored, and the bytes moved for them (32-byte sectors per warp instruction).
+    pub fn traffic(&self) -> Vec<Traffic> {
         let t = self.text(b"zero_gpusim_take_traffic\0");
         t.lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.split('\t').collect();
-                Some((
-                    f.first()?.to_string(),
-                    f.get(3)?.parse().ok()?,
-                    f.get(4)?.parse().ok()?,
-                ))
+                let n = |i: usize| f.get(i).and_then(|x| x.parse().ok());
+                Some(Traffic {
+                    kernel: f.first()?.to_string(),
+                    loaded: n(3)?,
+                    stored: n(4)?,
+                    moved_in: n(6)?,
+                    moved_out: n(7)?,
+                    distinct_in: n(8)?,
+                    distinct_out: n(9)?,
+                })
             })
             .collect()
     }

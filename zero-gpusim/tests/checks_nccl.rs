@@ -25,6 +25,7 @@ struct Nccl {
     async_error: unsafe extern "C" fn(Comm, *mut u32) -> u32,
     last_error: unsafe extern "C" fn(Comm) -> *const c_char,
     destroy: unsafe extern "C" fn(Comm) -> u32,
+    abort: unsafe extern "C" fn(Comm) -> u32,
 }
 
 fn nccl(sim: &Sim) -> Nccl {
@@ -39,6 +40,7 @@ fn nccl(sim: &Sim) -> Nccl {
             async_error: *lib.get(b"ncclCommGetAsyncError\0").expect("symbol"),
             last_error: *lib.get(b"ncclGetLastError\0").expect("symbol"),
             destroy: *lib.get(b"ncclCommDestroy\0").expect("symbol"),
+            abort: *lib.get(b"ncclCommAbort\0").expect("symbol"),
         }
     };
     std::mem::forget(lib);
@@ -86,6 +88,13 @@ fn nccl_child() {
     };
     if rc != 0 {
         println!("RANK {rank} INIT FAILED {rc}: {}", last(comm));
+        return;
+    }
+    if call == "abort" {
+        std::thread::sleep(Duration::from_secs(1));
+        // SAFETY: a live communicator, aborted once (the handle is dead after it).
+        unsafe { (n.abort)(comm) };
+        println!("RANK {rank} ABORTED");
         return;
     }
     if call == "none" {
@@ -252,6 +261,28 @@ fn a_rank_that_never_arrives_is_named_by_the_others_timeout() {
         t.elapsed()
     );
     println!("{l}");
+}
+
+#[test]
+fn an_abort_wakes_the_other_rank_at_once_naming_it() {
+    let Some(sim) = sim("NCCL abort") else { return };
+    let _g = lock();
+    let c = format!("256,{F32},0");
+    let t = Instant::now();
+    // The waiter's own timeout is 60 s: only the abort can end its wait early.
+    let out = two_ranks(sim, [0, 1], [&c, "abort"], "60");
+    let l = line(&out[0], 0);
+    assert!(
+        l.contains("COLLECTIVE FAILED") && l.contains("rank 1") && l.contains("abort"),
+        "rank 0 must fail naming rank 1's abort:\n{}",
+        out[0]
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
+    println!("{l} (after {:?})", t.elapsed());
 }
 
 #[test]

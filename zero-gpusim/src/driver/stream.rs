@@ -171,7 +171,24 @@ impl Stream {
                 }
             }
             let tick = op.tick;
-            execute(&self, op);
+            let label = op.label.clone();
+            // A panic in the stand-in must not kill the stream (every later wait would hang):
+            // it becomes a finding naming the operation.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&self, op)));
+            if let Err(p) = ran {
+                let what = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                super::errors::finding(
+                    super::errors::FindingKind::Kernel,
+                    format!(
+                        "{label}: zero-gpusim panicked running it on {}: {what}",
+                        self.name()
+                    ),
+                );
+            }
             self.completed.store(tick, Ordering::Release);
             ring();
         }

@@ -85,14 +85,12 @@ pub fn sim(test: &str) -> Option<&'static Sim> {
             // OnceLock initializer.
             std::env::set_var("ZERO_GPUSIM_NVRTC", &nvrtc);
         }
-        // zero's own crates (the traffic test) load the stand-in as driver and NVRTC too;
-        // without a PTX store and kernel cache of their own (.ci/gpusim sets both), cubins
-        // are compiled in the process, through the tap.
-        for (k, v) in [("ZERO_CUDA_LIB", &path), ("ZERO_NVRTC_LIB", &path)] {
-            if std::env::var_os(k).is_none() {
-                std::env::set_var(k, v);
-            }
-        }
+        // zero's own crates (the traffic test) load the stand-in as driver and NVRTC too
+        // (whatever the rest of the test run selected: .ci/run points ZERO_NVRTC_LIB at
+        // the real NVRTC); without a PTX store and kernel cache of their own (.ci/gpusim
+        // sets both), cubins are compiled in the process, through the tap.
+        std::env::set_var("ZERO_CUDA_LIB", &path);
+        std::env::set_var("ZERO_NVRTC_LIB", &path);
         if std::env::var_os("ZERO_GPUSIM_PTX_DIR").is_none() {
             let dir = std::env::temp_dir().join("zero-gpusim-selftest-ptx");
             std::env::set_var("ZERO_GPUSIM_PTX_DIR", dir);

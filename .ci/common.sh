@@ -46,3 +46,13 @@ wheel() {
   echo "could not install $1 from PyPI" >&2
   exit 1
 }
+
+# The four NVRTCs CI compiles the kernels with (.ci/run) and whose PTX the stand-in's
+# interpreter parses (.ci/gpusim): 12.2 (the oldest driver we support), 12.9 (the newest
+# 12.x), 13.0 (the stand-in's own, its driver's version) and 13.5 (the newest 13.x).
+install_nvrtc_wheels() {
+  wheel nvidia-cuda-nvrtc-cu12==12.2.140 nvrtc-12.2 "$NVRTC12"
+  wheel nvidia-cuda-nvrtc-cu12==12.9.86 nvrtc-12.9 "$NVRTC12"
+  wheel nvidia-cuda-nvrtc==13.0.88 nvrtc-13.0 "$NVRTC13"
+  wheel nvidia-cuda-nvrtc==13.5.37 nvrtc-13.5 "$NVRTC13"
+}

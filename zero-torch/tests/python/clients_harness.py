@@ -59,6 +59,8 @@ import threading
 import types
 from typing import Any, Dict, List, Optional
 
+import ds_cpu_fp16  # beside this file: imported before main() points sys.path[0] at the script
+
 _ENGINE_MODULES = {"deepspeed.runtime.engine": "DeepSpeedEngine", "zero_torch.engine": "ZeroEngine"}
 _LOSSES: List[Dict[str, Any]] = []
 _ENGINES: List[Any] = []
@@ -239,6 +241,7 @@ def main() -> None:
     for folder in filter(None, os.environ.get("ZT_CLIENT_SHIMS", "").split(os.pathsep)):
         sys.path.append(folder)
     sys.meta_path.insert(0, _EngineModuleHook())
+    ds_cpu_fp16.install()
     _wrap_tensor_backward()
     _stub_tensorboard()
     if os.environ.get("ZT_CLIENT_SEED"):

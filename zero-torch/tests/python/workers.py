@@ -316,6 +316,9 @@ def mismatched_model() -> Dict[str, Any]:
 
 
 def main() -> None:
+    import ds_cpu_fp16
+
+    ds_cpu_fp16.install()
     task = os.environ["ZT_TASK"]
     args = json.loads(os.environ["ZT_ARGS"])
     out = Path(os.environ["ZT_OUT"])

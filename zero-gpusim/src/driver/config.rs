@@ -7,6 +7,8 @@
 //!   devices together (default 8): device memory is host memory here.
 //! - `ZERO_GPUSIM_SEED`: the seed of the shuffled thread order in kernels (default: from
 //!   the clock; printed once).
+//! - `ZERO_GPUSIM_MAX_INSTRUCTIONS`: warp instructions one launch may run before it is a
+//!   finding (an endless loop; default 2e9, minutes of interpretation).
 
 use std::sync::OnceLock;
 
@@ -23,6 +25,8 @@ pub struct Config {
     pub backing_cap: u64,
     /// Seed of the shuffled thread order.
     pub seed: u64,
+    /// The most warp instructions one launch may run before it is called endless.
+    pub max_warp_instructions: u64,
 }
 
 /// The CUDA version the stand-in's driver reports (13.0).
@@ -79,6 +83,7 @@ pub fn config() -> &'static Config {
             memory_bytes: env_u64("ZERO_GPUSIM_MEMORY_GB", 80) << 30,
             backing_cap: env_u64("ZERO_GPUSIM_BACKING_GB", 8) << 30,
             seed,
+            max_warp_instructions: env_u64("ZERO_GPUSIM_MAX_INSTRUCTIONS", 2_000_000_000),
         };
         if std::env::var_os("ZERO_GPUSIM_QUIET").is_none() {
             eprintln!(

@@ -314,6 +314,7 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
     let opts = ptx::ExecOptions {
         seed: k.seed,
         max_shared_bytes: MAX_SHARED_OPTIN,
+        max_warp_instructions: super::config::config().max_warp_instructions,
     };
     let ran = ptx::launch(kernel, &k.dims, &k.params, &mut mem, &opts);
     // What it touched is recorded even if it faulted (the fault is reported first).

@@ -214,6 +214,8 @@ struct Ctx<'a> {
     shared_bytes: usize,
     dyn_start: usize,
     clock: u64,
+    /// `ExecOptions::max_warp_instructions`.
+    budget: u64,
 }
 
 impl Ctx<'_> {
@@ -317,6 +319,7 @@ impl<'a> Block<'a> {
             shared_bytes,
             dyn_start,
             clock: 0,
+            budget: opts.max_warp_instructions,
         };
         let warps = (0..nwarps)
             .map(|w| {
@@ -576,6 +579,17 @@ fn run_warp(
         stats.warp_instructions += 1;
         stats.thread_instructions += m.count_ones() as u64;
         ctx.clock = stats.warp_instructions;
+        if ctx.budget != 0 && stats.warp_instructions > ctx.budget {
+            let lane = warp.group.trailing_zeros();
+            return Err(ctx.fault(
+                widx * 32 + lane,
+                pc,
+                format!(
+                    "the launch ran past {} warp instructions without ending (an endless loop?)",
+                    ctx.budget
+                ),
+            ));
+        }
         match &inst.op {
             Op::Bra { target } => {
                 let not_taken = warp.group & !m;

@@ -246,6 +246,9 @@ pub struct ExecOptions {
     /// `cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`; values below 48 KiB (0
     /// included) mean 48 KiB. Never more than [`MAX_SHARED_LIMIT`].
     pub max_shared_bytes: u32,
+    /// The most warp instructions the launch may run (0: no limit): past it the launch
+    /// faults, so an endless loop in a kernel is an error instead of a hang.
+    pub max_warp_instructions: u64,
 }
 
 /// What a launch executed.

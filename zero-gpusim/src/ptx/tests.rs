@@ -39,6 +39,7 @@ fn run_out(m: &Module, d: &LaunchDims, n: usize, seed: u64) -> Result<Vec<u32>, 
         &ExecOptions {
             seed,
             max_shared_bytes: 0,
+            max_warp_instructions: 0,
         },
     )?;
     Ok(mem.read(out))
@@ -522,4 +523,43 @@ fn damaged_text_is_an_error_never_a_panic() {
             let _ = Module::parse(&damaged);
         }
     }
+}
+
+#[test]
+fn an_endless_loop_is_a_fault_past_the_instruction_budget() {
+    let m = module("", ".param .u64 out", "$L__loop:\n\tbra.uni $L__loop;\n");
+    let k = m.kernel("k").expect("k");
+    let mut mem = TestMem::new();
+    let out = mem.alloc_of("out", &[0u32; 1]);
+    let r = launch(
+        k,
+        &dims([1, 1, 1], [32, 1, 1]),
+        &pack(k, &[Arg::U64(out)]),
+        &mut mem,
+        &ExecOptions {
+            seed: 1,
+            max_shared_bytes: 0,
+            max_warp_instructions: 1000,
+        },
+    );
+    match r {
+        Err(e @ ExecError::Fault { .. }) => {
+            let m = e.to_string();
+            assert!(
+                m.contains("past 1000 warp instructions") && m.contains("bra.uni"),
+                "{m}"
+            );
+        }
+        other => panic!("expected a fault, got {other:?}"),
+    }
+    // The clean twin: a kernel that ends runs within any budget it needs.
+    let m = module(
+        "",
+        ".param .u64 out",
+        &format!("\tmov.u32 %r1, 5;\n{}\tret;\n", store_r(1)),
+    );
+    assert_eq!(
+        run_out(&m, &dims([1, 1, 1], [1, 1, 1]), 1, 1).expect("runs"),
+        [5]
+    );
 }

@@ -65,6 +65,7 @@ fn run(k: &Kernel, grid: u32, args: &[Arg], mem: &mut TestMem, seed: u64) -> Lau
         &ExecOptions {
             seed,
             max_shared_bytes: 0,
+            max_warp_instructions: 0,
         },
     )
     .unwrap_or_else(|e| panic!("{e}"))
@@ -936,6 +937,7 @@ fn exchange_run(m: &Module, seed: u64) -> Result<Vec<f32>, ExecError> {
         &ExecOptions {
             seed,
             max_shared_bytes: 0,
+            max_warp_instructions: 0,
         },
     )?;
     Ok(mem.read(o))
@@ -1118,6 +1120,7 @@ fn launch_limits_are_checked() {
     let allowed = ExecOptions {
         seed: 0,
         max_shared_bytes: 100 * 1024,
+        max_warp_instructions: 0,
     };
     launch(k, &big_shared, &params, &mut mem, &allowed).expect("opted in to 100 KiB");
 }

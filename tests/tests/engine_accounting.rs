@@ -85,6 +85,42 @@ fn model_state_bytes_follow_the_paper_per_stage() {
     );
 }
 
+/// fp32 parameters are their own master weights (as DeepSpeed's optimizer steps fp32
+/// parameters in place): stage 0 keeps 16 bytes per parameter, not 20, and no stage keeps
+/// a master copy beside the parameters; the stages still agree to the bit.
+#[test]
+fn fp32_parameters_are_their_own_master_weights() {
+    let seed = seed("memory fp32");
+    let world = 4;
+    let data = dataset(seed, 3 * world * 3);
+    let fp32 = |stage: u8| config(stage, 1, 1_000_000).replace(r#""bf16": {"enabled": true},"#, "");
+    let mut finals = Vec::new();
+    for stage in 0..=3u8 {
+        let out = run_ranks(world, &fp32(stage), seed, |e| {
+            for step in 0..3 {
+                train_step(e, &data, step, None).unwrap();
+            }
+            (e.memory_report(), zero_tests::full_params(e).unwrap())
+        });
+        let (r, params) = &out[0];
+        let (padded, n) = (r.padded_numel, world);
+        let paper = match stage {
+            0 => 16 * padded,
+            1 => 8 * padded + 8 * padded / n,
+            2 => 4 * padded + 12 * padded / n,
+            _ => 16 * padded / n,
+        };
+        assert_eq!(r.master, 0, "stage {stage}: no master copy: {r:?}");
+        assert_eq!(r.formula, paper, "stage {stage}");
+        assert_eq!(r.model_states(), paper, "stage {stage}: {r:?}");
+        finals.push(zero_tests::bits(params));
+    }
+    assert!(
+        finals.windows(2).all(|w| w[0] == w[1]),
+        "fp32 stages 0-3 give the same parameters"
+    );
+}
+
 #[test]
 fn elements_sent_per_step_are_exactly_the_papers() {
     let seed = seed("communication");

@@ -71,7 +71,7 @@ fn sharded_step_equals_whole_model_step_bit_for_bit() {
                     s.spawn(move || {
                         let r = comm.rank();
                         let part = layout.partition_range(r).unwrap();
-                        let grads = HostBuffer::BF16(flat_grads[r].clone());
+                        let grads = HostBuffer::from(flat_grads[r].clone());
                         let shard = HostBuffer::zeros(DType::BF16, part.len());
                         let (_, shard) = comm
                             .reduce_scatter(grads, shard, ReduceOp::Avg)
@@ -86,7 +86,7 @@ fn sharded_step_equals_whole_model_step_bit_for_bit() {
                             .unwrap();
                         let out = HostBuffer::zeros(DType::BF16, layout.total_len());
                         let (_, full) = comm
-                            .all_gather(HostBuffer::BF16(p16), out)
+                            .all_gather(HostBuffer::from(p16), out)
                             .unwrap()
                             .wait()
                             .unwrap();

@@ -1,7 +1,10 @@
-//! Host buffers: owned, typed, moved through collectives.
+//! Host buffers: owned, typed, moved through collectives. Their memory is a
+//! [`HostVec`]: a framework's tensors may view it through a [`Lease`] (zero-torch's
+//! parameters live in the engine's buffers), and a collective writes it in place.
 
 use half::{bf16, f16};
 use zero_kernels::{DType, Element};
+pub use zero_sys::host_vec::{HostVec, Lease, Leased};
 
 /// What a collective needs to know of a buffer, whatever memory it lives in.
 pub trait CommBuffer: Send + 'static {
@@ -37,20 +40,20 @@ impl CommBuffer for zero_kernels::cuda::GpuBuffer {
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostBuffer {
     /// `f32` elements.
-    F32(Vec<f32>),
+    F32(HostVec<f32>),
     /// `f16` elements.
-    F16(Vec<f16>),
+    F16(HostVec<f16>),
     /// `bf16` elements.
-    BF16(Vec<bf16>),
+    BF16(HostVec<bf16>),
 }
 
 impl HostBuffer {
     /// A buffer of `len` zeros of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Self {
         match dtype {
-            DType::F32 => HostBuffer::F32(vec![0.0; len]),
-            DType::F16 => HostBuffer::F16(vec![f16::ZERO; len]),
-            DType::BF16 => HostBuffer::BF16(vec![bf16::ZERO; len]),
+            DType::F32 => vec![0f32; len].into(),
+            DType::F16 => vec![f16::ZERO; len].into(),
+            DType::BF16 => vec![bf16::ZERO; len].into(),
         }
     }
 
@@ -92,27 +95,57 @@ impl HostBuffer {
         T::slice_mut(self)
     }
 
-    /// The `f32` vector, if that is what it holds.
+    /// The `f32` vector, if that is what it holds (a copy only if it is leased).
     pub fn into_f32(self) -> Option<Vec<f32>> {
         match self {
-            HostBuffer::F32(v) => Some(v),
+            HostBuffer::F32(v) => Some(v.into_vec()),
             _ => None,
         }
     }
 
-    /// The `f16` vector, if that is what it holds.
+    /// The `f16` vector, if that is what it holds (a copy only if it is leased).
     pub fn into_f16(self) -> Option<Vec<f16>> {
         match self {
-            HostBuffer::F16(v) => Some(v),
+            HostBuffer::F16(v) => Some(v.into_vec()),
             _ => None,
         }
     }
 
-    /// The `bf16` vector, if that is what it holds.
+    /// The `bf16` vector, if that is what it holds (a copy only if it is leased).
     pub fn into_bf16(self) -> Option<Vec<bf16>> {
         match self {
-            HostBuffer::BF16(v) => Some(v),
+            HostBuffer::BF16(v) => Some(v.into_vec()),
             _ => None,
+        }
+    }
+
+    /// A lease on the buffer's memory, for a framework's tensor to view it (see
+    /// [`HostVec`]): the memory stays allocated while the lease lives, even after the
+    /// buffer is dropped.
+    pub fn lease(&self) -> Lease {
+        match self {
+            HostBuffer::F32(v) => v.lease(),
+            HostBuffer::F16(v) => v.lease(),
+            HostBuffer::BF16(v) => v.lease(),
+        }
+    }
+
+    /// How many leases on its memory are alive.
+    pub fn leases(&self) -> usize {
+        match self {
+            HostBuffer::F32(v) => v.leases(),
+            HostBuffer::F16(v) => v.leases(),
+            HostBuffer::BF16(v) => v.leases(),
+        }
+    }
+
+    /// Changes the length, zero-filling new elements; refused when it would move a leased
+    /// allocation.
+    pub fn resize(&mut self, len: usize) -> Result<(), Leased> {
+        match self {
+            HostBuffer::F32(v) => v.resize(len, 0.0),
+            HostBuffer::F16(v) => v.resize(len, f16::ZERO),
+            HostBuffer::BF16(v) => v.resize(len, bf16::ZERO),
         }
     }
 }
@@ -143,7 +176,7 @@ macro_rules! host_element {
         }
         impl From<Vec<$t>> for HostBuffer {
             fn from(v: Vec<$t>) -> Self {
-                HostBuffer::$variant(v)
+                HostBuffer::$variant(v.into())
             }
         }
     };

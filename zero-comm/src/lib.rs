@@ -15,7 +15,7 @@ mod shm;
 mod stats;
 mod wait;
 
-pub use buffer::{CommBuffer, HostBuffer, HostElement};
+pub use buffer::{CommBuffer, HostBuffer, HostElement, HostVec, Lease, Leased};
 pub use communicator::{Communicator, Completion};
 pub use device::{DeviceComm, DeviceGroup, DeviceWork};
 pub use error::CommError;

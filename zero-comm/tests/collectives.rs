@@ -17,7 +17,7 @@ fn seeded(test: &str) -> ChaCha8Rng {
 
 fn to_f32(b: &HostBuffer) -> Vec<f32> {
     match b {
-        HostBuffer::F32(v) => v.clone(),
+        HostBuffer::F32(v) => v.to_vec(),
         HostBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
         HostBuffer::BF16(v) => v.iter().map(|x| Element::to_f32(*x)).collect(),
     }
@@ -25,7 +25,7 @@ fn to_f32(b: &HostBuffer) -> Vec<f32> {
 
 fn from_f32(dtype: DType, v: &[f32]) -> HostBuffer {
     match dtype {
-        DType::F32 => HostBuffer::F32(v.to_vec()),
+        DType::F32 => HostBuffer::from(v.to_vec()),
         DType::F16 => HostBuffer::F16(v.iter().map(|&x| <f16 as Element>::from_f32(x)).collect()),
         DType::BF16 => {
             HostBuffer::BF16(v.iter().map(|&x| <bf16 as Element>::from_f32(x)).collect())
@@ -167,7 +167,7 @@ fn results_are_bit_identical_run_after_run() {
         .collect();
     let once = || {
         run_ranks(HostGroup::new(world).unwrap(), |comm| {
-            let b = HostBuffer::F32(inputs[comm.rank()].clone());
+            let b = HostBuffer::from(inputs[comm.rank()].clone());
             to_f32(&comm.all_reduce(b, ReduceOp::Sum).unwrap().wait().unwrap())
         })
     };
@@ -185,12 +185,12 @@ fn nan_wins_max_and_inf_survives_sum() {
             _ => vec![0.0, 2.0, 1.0],
         };
         let max = comm
-            .all_reduce(HostBuffer::F32(v.clone()), ReduceOp::Max)
+            .all_reduce(HostBuffer::from(v.clone()), ReduceOp::Max)
             .unwrap()
             .wait()
             .unwrap();
         let sum = comm
-            .all_reduce(HostBuffer::F32(v), ReduceOp::Sum)
+            .all_reduce(HostBuffer::from(v), ReduceOp::Sum)
             .unwrap()
             .wait()
             .unwrap();
@@ -207,7 +207,7 @@ fn several_collectives_can_be_in_flight_and_complete_in_order() {
     let res = run_ranks(HostGroup::new(4).unwrap(), |comm| {
         let works: Vec<_> = (0..6)
             .map(|k| {
-                comm.all_reduce(HostBuffer::F32(vec![k as f32; 10]), ReduceOp::Sum)
+                comm.all_reduce(HostBuffer::from(vec![k as f32; 10]), ReduceOp::Sum)
                     .unwrap()
             })
             .collect();

@@ -12,7 +12,7 @@ use zero_kernels::DType;
 const TIMEOUT: Duration = Duration::from_millis(300);
 
 fn f32s(n: usize) -> HostBuffer {
-    HostBuffer::F32(vec![1.0; n])
+    HostBuffer::from(vec![1.0f32; n])
 }
 
 /// Runs `f` on 4 ranks and returns each rank's error, checking every rank failed well

@@ -69,7 +69,7 @@ fn input(seed: u64, i: usize, rank: usize, dtype: DType, n: usize) -> HostBuffer
         v[rng.gen_range(0..n)] = f32::NAN;
     }
     match dtype {
-        DType::F32 => HostBuffer::F32(v),
+        DType::F32 => HostBuffer::F32(v.into()),
         DType::F16 => HostBuffer::F16(v.iter().map(|&x| Element::from_f32(x)).collect()),
         DType::BF16 => HostBuffer::BF16(v.iter().map(|&x| Element::from_f32(x)).collect()),
     }
@@ -104,9 +104,9 @@ fn sweep<C: Communicator<Buffer = HostBuffer>>(comm: &C, seed: u64) -> Vec<Vec<u
             }
             Kind::AllGather => {
                 let mine = match &x {
-                    HostBuffer::F32(v) => HostBuffer::F32(v[piece].to_vec()),
-                    HostBuffer::F16(v) => HostBuffer::F16(v[piece].to_vec()),
-                    HostBuffer::BF16(v) => HostBuffer::BF16(v[piece].to_vec()),
+                    HostBuffer::F32(v) => HostBuffer::F32(v[piece].to_vec().into()),
+                    HostBuffer::F16(v) => HostBuffer::F16(v[piece].to_vec().into()),
+                    HostBuffer::BF16(v) => HostBuffer::BF16(v[piece].to_vec().into()),
                 };
                 let o = HostBuffer::zeros(dtype, n);
                 bits(&comm.all_gather(mine, o).and_then(|w| w.wait()).unwrap().1)

@@ -204,27 +204,48 @@ impl Device for CudaDevice {
         params: &mut GpuBuffer,
         offset: usize,
     ) -> Result<(), EngineError> {
-        let n = state.master.len();
+        let n = state.exp_avg.len();
         check_runs(runs, n)?;
         let mut run = |r: &AdamRun| -> Result<(), GpuError> {
             let st = &self.stream;
             let e = r.range.clone();
-            let mut w = st.write::<f32>(&mut state.master, e.clone())?;
             let mut m = st.write::<f32>(&mut state.exp_avg, e.clone())?;
             let mut v = st.write::<f32>(&mut state.exp_avg_sq, e.clone())?;
-            with_gpu_type!(grads.dtype(), G => with_gpu_type!(params.dtype(), P => {
-                let g = st.read::<G>(grads, range.start + e.start..range.start + e.end)?;
-                let mut p = st.write::<P>(params, offset + e.start..offset + e.end)?;
-                self.stream.adam(
-                    &r.cfg,
-                    step,
-                    GradScale::Host(grad_scale),
-                    None,
-                    AdamViews { master: &mut w, exp_avg: &mut m, exp_avg_sq: &mut v },
-                    &g,
-                    Some(&mut p),
-                )
-            }))
+            let held = offset + e.start..offset + e.end;
+            match state.master.as_mut() {
+                Some(master) => {
+                    let mut w = st.write::<f32>(master, e.clone())?;
+                    with_gpu_type!(grads.dtype(), G => with_gpu_type!(params.dtype(), P => {
+                        let g = st.read::<G>(grads, range.start + e.start..range.start + e.end)?;
+                        let mut p = st.write::<P>(params, held)?;
+                        self.stream.adam(
+                            &r.cfg,
+                            step,
+                            GradScale::Host(grad_scale),
+                            None,
+                            AdamViews { master: &mut w, exp_avg: &mut m, exp_avg_sq: &mut v },
+                            &g,
+                            Some(&mut p),
+                        )
+                    }))
+                }
+                // fp32 parameters are the master weights: updated in place.
+                None => {
+                    let mut w = st.write::<f32>(params, held)?;
+                    with_gpu_type!(grads.dtype(), G => {
+                        let g = st.read::<G>(grads, range.start + e.start..range.start + e.end)?;
+                        self.stream.adam::<G, f32>(
+                            &r.cfg,
+                            step,
+                            GradScale::Host(grad_scale),
+                            None,
+                            AdamViews { master: &mut w, exp_avg: &mut m, exp_avg_sq: &mut v },
+                            &g,
+                            None,
+                        )
+                    })
+                }
+            }
         };
         for r in runs {
             run(r).map_err(device_error)?;

@@ -3,7 +3,6 @@
 //! buffers). All ranges are in elements; copies convert dtype in the same pass.
 
 use crate::EngineError;
-use half::{bf16, f16};
 use std::ops::Range;
 use zero_comm::HostBuffer;
 use zero_kernels::{
@@ -13,8 +12,10 @@ use zero_kernels::{
 /// fp32 optimizer state of one owned range.
 #[derive(Debug)]
 pub struct AdamState<B> {
-    /// Master weights.
-    pub master: B,
+    /// Master weights; `None` when the parameters are fp32 and the master weights are
+    /// the parameters' own held range (as DeepSpeed's optimizer steps fp32 parameters in
+    /// place), so they are not kept twice.
+    pub master: Option<B>,
     /// First moment.
     pub exp_avg: B,
     /// Second moment.
@@ -22,21 +23,21 @@ pub struct AdamState<B> {
 }
 
 impl<B> AdamState<B> {
-    /// Array `kind`: 0 master, 1 exp_avg, 2 exp_avg_sq.
-    pub fn array(&self, kind: usize) -> &B {
+    /// Array `kind`: 0 master (`None` when it is the parameters), 1 exp_avg, 2 exp_avg_sq.
+    pub fn array(&self, kind: usize) -> Option<&B> {
         match kind {
-            0 => &self.master,
-            1 => &self.exp_avg,
-            _ => &self.exp_avg_sq,
+            0 => self.master.as_ref(),
+            1 => Some(&self.exp_avg),
+            _ => Some(&self.exp_avg_sq),
         }
     }
 
     /// Array `kind`, mutable.
-    pub fn array_mut(&mut self, kind: usize) -> &mut B {
+    pub fn array_mut(&mut self, kind: usize) -> Option<&mut B> {
         match kind {
-            0 => &mut self.master,
-            1 => &mut self.exp_avg,
-            _ => &mut self.exp_avg_sq,
+            0 => self.master.as_mut(),
+            1 => Some(&mut self.exp_avg),
+            _ => Some(&mut self.exp_avg_sq),
         }
     }
 }
@@ -145,7 +146,9 @@ pub trait Device: Send {
     fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> Result<GradStats, EngineError>;
     /// One fused Adam step over `state`, with gradients `grads[range]`, writing the rounded
     /// weights to `params[offset..]`: each run of `runs` (elements of the state) with its
-    /// own hyper-parameters; elements no run covers are left as they are.
+    /// own hyper-parameters; elements no run covers are left as they are. Without master
+    /// weights in `state`, `params[offset..]` (fp32) are the master weights, updated in
+    /// place.
     #[allow(clippy::too_many_arguments)]
     fn adam(
         &self,
@@ -175,7 +178,7 @@ macro_rules! with_slice {
     };
 }
 
-fn f32_mut<'a>(b: &'a mut HostBuffer, what: &str) -> Result<&'a mut Vec<f32>, EngineError> {
+fn f32_mut<'a>(b: &'a mut HostBuffer, what: &str) -> Result<&'a mut [f32], EngineError> {
     match b {
         HostBuffer::F32(v) => Ok(v),
         other => Err(EngineError::Internal(format!(
@@ -215,12 +218,8 @@ impl Device for HostDevice {
     }
 
     fn resize(&self, b: &mut HostBuffer, len: usize) -> Result<(), EngineError> {
-        match b {
-            HostBuffer::F32(v) => v.resize(len, 0.0),
-            HostBuffer::F16(v) => v.resize(len, f16::ZERO),
-            HostBuffer::BF16(v) => v.resize(len, bf16::ZERO),
-        }
-        Ok(())
+        b.resize(len)
+            .map_err(|e| EngineError::Internal(format!("resizing a buffer: {e}")))
     }
 
     fn upload_f32(
@@ -345,11 +344,10 @@ impl Device for HostDevice {
         params: &mut HostBuffer,
         offset: usize,
     ) -> Result<(), EngineError> {
-        let n = state.master.len();
+        let n = state.exp_avg.len();
         range_check("adam gradients", &range, grads.len())?;
         range_check("adam parameters", &(offset..offset + n), params.len())?;
         check_runs(runs, n)?;
-        let master = f32_mut(&mut state.master, "master weights")?;
         let m = match &mut state.exp_avg {
             HostBuffer::F32(v) => v,
             _ => return Err(EngineError::Internal("exp_avg must be f32".into())),
@@ -362,9 +360,20 @@ impl Device for HostDevice {
             let r = run.range.clone();
             let g = range.start + r.start..range.start + r.end;
             let p = offset + r.start..offset + r.end;
-            with_slice!(grads, gs => with_slice!(params, ps => {
-                adam_step(&run.cfg, step, grad_scale, &mut master[r.clone()], &mut m[r.clone()], &mut v[r.clone()], &gs[g], Some(&mut ps[p]))?
-            }));
+            match state.master.as_mut() {
+                Some(master) => {
+                    let master = f32_mut(master, "master weights")?;
+                    with_slice!(grads, gs => with_slice!(params, ps => {
+                        adam_step(&run.cfg, step, grad_scale, &mut master[r.clone()], &mut m[r.clone()], &mut v[r.clone()], &gs[g], Some(&mut ps[p]))?
+                    }));
+                }
+                None => {
+                    let master = f32_mut(params, "parameters holding the master weights")?;
+                    with_slice!(grads, gs => {
+                        adam_step::<_, f32>(&run.cfg, step, grad_scale, &mut master[p], &mut m[r.clone()], &mut v[r.clone()], &gs[g], None)?
+                    });
+                }
+            }
         }
         Ok(())
     }

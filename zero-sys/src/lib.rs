@@ -3,6 +3,7 @@
 
 pub mod driver;
 pub mod fs;
+pub mod host_vec;
 pub mod ipc;
 mod loader;
 pub mod nccl;

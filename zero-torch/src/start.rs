@@ -157,7 +157,7 @@ pub fn host(
         .map_err(comm_to_py)?;
     let cfg = read_config(config_json, comm.world_size())?;
     let comm = from_rank0(py, comm, &mut model, |comm, init| {
-        comm.broadcast(HostBuffer::F32(init), 0)
+        comm.broadcast(HostBuffer::from(init), 0)
             .and_then(|w| w.wait())
             .map_err(comm_to_py)?
             .into_f32()

@@ -42,6 +42,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
     }
 
+    /// Every buffer that holds parameters now: each bucket's parameters (whole, or the
+    /// owned partition in stage 3), stage 3's gathered buckets, and the frozen parameters.
+    /// A front-end whose tensors view these (zero-torch on the CPU) checks against them
+    /// that its parameters live in the engine.
+    pub fn param_buffers(&self) -> Vec<&C::Buffer> {
+        let mut out: Vec<&C::Buffer> = self
+            .buckets
+            .iter()
+            .flat_map(|s| s.params.iter().chain(s.gathered.iter()))
+            .collect();
+        out.push(&self.frozen);
+        out
+    }
+
     /// The gradient buffer and range of trainable parameter `k` of module `m` (counting
     /// trainable parameters only). It holds zeros at the start of a micro-step: add the
     /// gradient in, then call [`Engine::grads_ready`].

@@ -19,6 +19,7 @@ mod checkpoint;
 mod gather;
 mod grads;
 mod groups;
+mod master;
 mod offload;
 mod report;
 mod step;
@@ -203,6 +204,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
+        let master_apart = Self::keeps_master_apart(dtype, offloaded, params_offloaded);
         let mut buckets = Vec::with_capacity(plan.buckets.len());
         for b in &plan.buckets {
             let (total, part) = (b.layout.total_len(), b.layout.partition_len());
@@ -240,7 +242,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .transpose()?,
                 carry: None,
                 opt: AdamState {
-                    master: dev.zeros(DType::F32, owned)?,
+                    master: master_apart
+                        .then(|| dev.zeros(DType::F32, owned))
+                        .transpose()?,
                     exp_avg: dev.zeros(DType::F32, owned)?,
                     exp_avg_sq: dev.zeros(DType::F32, owned)?,
                 },
@@ -437,20 +441,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             return self.init_offloaded_master();
         }
         for b in 0..self.buckets.len() {
+            if self.buckets[b].opt.master.is_none() {
+                continue; // the parameters are the master weights
+            }
+            let owned = self.held_len(b);
+            let start = self.held_param_offset(b)?;
             let params = self.take_params(b)?;
-            let state = &mut self.buckets[b];
-            let owned = self.dev.len(&state.opt.master);
-            let start = if self.dev.len(&params) == owned {
-                0
-            } else {
-                self.plan.buckets[b]
-                    .layout
-                    .partition_range(self.rank)?
-                    .start
+            let copied = match self.buckets[b].opt.master.as_mut() {
+                Some(master) => self.dev.copy(&params, start..start + owned, master, 0),
+                None => Ok(()),
             };
-            let copied = self
-                .dev
-                .copy(&params, start..start + owned, &mut state.opt.master, 0);
             self.put_params(b, params)?;
             copied?;
         }

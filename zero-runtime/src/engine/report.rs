@@ -54,7 +54,7 @@ pub struct MemoryReport {
     pub params: usize,
     /// Gradients kept for the step: whole buckets (stages 0–1) or owned partitions.
     pub grads: usize,
-    /// fp32 master weights.
+    /// fp32 master weights (none apart when fp32 parameters are their own).
     pub master: usize,
     /// fp32 first moments.
     pub exp_avg: usize,
@@ -205,8 +205,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ///
     /// Formula, with `p` bytes per parameter (2 for fp16/bf16, 4 for fp32) and `N` ranks:
     /// stage 0 `(2p+12)Ψ'`, stage 1 `2pΨ' + 12Ψ'/N`, stage 2 `pΨ' + (p+12)Ψ'/N`, stage 3
-    /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. Gradient accumulation
-    /// adds an fp32 buffer (`grad_accum`): 4Ψ' in stages 0–1, 4Ψ'/N in stages 2–3.
+    /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. fp32 parameters are
+    /// their own master weights (unless offloaded), so 12 becomes 8 for p = 4: stage 0
+    /// keeps 16Ψ, as DeepSpeed. Gradient accumulation adds an fp32 buffer (`grad_accum`):
+    /// 4Ψ' in stages 0–1, 4Ψ'/N in stages 2–3.
     pub fn memory_report(&self) -> MemoryReport {
         let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);
@@ -218,7 +220,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } else {
                 opt_size(s.grads.as_ref())
             };
-            r.master += size(&s.opt.master);
+            r.master += opt_size(s.opt.master.as_ref());
             r.exp_avg += size(&s.opt.exp_avg);
             r.exp_avg_sq += size(&s.opt.exp_avg_sq);
             r.grad_accum += opt_size(s.accum.as_ref());
@@ -237,11 +239,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();
         let (psi, n) = (r.padded_numel, self.world);
+        // Optimizer state bytes per parameter: master weights (unless the parameters are
+        // them) and two moments.
+        let o = if Self::keeps_master_apart(
+            self.dtype,
+            self.offload.is_some(),
+            self.param_tier.is_some(),
+        ) {
+            12
+        } else {
+            8
+        };
         r.formula = match self.policy.stage {
-            0 => (2 * p + 12) * psi,
-            1 => 2 * p * psi + 12 * psi / n,
-            2 => p * psi + (p + 12) * psi / n,
-            _ => (2 * p + 12) * psi / n,
+            0 => (2 * p + o) * psi,
+            1 => 2 * p * psi + o * psi / n,
+            2 => p * psi + (p + o) * psi / n,
+            _ => (2 * p + o) * psi / n,
         };
         r
     }

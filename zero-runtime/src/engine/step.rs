@@ -236,11 +236,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                             ExternalArray::ExpAvg => 1,
                             _ => 2,
                         };
-                        self.dev.download_f32_into(
-                            self.buckets[b].opt.array(kind),
-                            r.clone(),
-                            dst,
-                        )?
+                        let (buf, at) = self.held_array(b, kind)?;
+                        self.dev
+                            .download_f32_into(buf, Self::held_range(at, r.clone()), dst)?
                     }
                     ExternalArray::Grad => {
                         let (buf, start) = self.held_grads(b)?;
@@ -293,8 +291,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             for (r, g) in self.runs[b].clone() {
                 let vals = &masters[g][at[g]..at[g] + r.len()];
                 at[g] += r.len();
-                self.dev
-                    .upload_f32(&mut self.buckets[b].opt.master, r.start, vals)?;
+                let (dev, master, held) = self.master_mut(b)?;
+                dev.upload_f32(master, held + r.start, vals)?;
             }
         }
         self.params_from_master()?;
@@ -419,7 +417,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let mut opt = std::mem::replace(
                 &mut self.buckets[b].opt,
                 crate::device::AdamState {
-                    master: self.dev.zeros(DType::F32, 0)?,
+                    master: None,
                     exp_avg: self.dev.zeros(DType::F32, 0)?,
                     exp_avg_sq: self.dev.zeros(DType::F32, 0)?,
                 },

@@ -339,16 +339,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.buckets.len()
         };
         for b in 0..on_device {
-            let cur = &self.buckets[b].opt;
-            let n = self.dev.len(&cur.master);
-            // Start from the current state: parameters the source lacks keep theirs.
+            let n = self.held_len(b);
+            // Start from the current state: parameters the source lacks keep theirs. The
+            // master weights are staged in a buffer of their own even where the
+            // parameters hold them (fp32): `apply` copies them there.
+            let mut master = self.dev.zeros(DType::F32, n)?;
+            let (cur_master, at) = self.held_array(b, 0)?;
+            self.dev.copy(cur_master, at..at + n, &mut master, 0)?;
             let mut new = AdamState {
-                master: self.dev.zeros(DType::F32, n)?,
+                master: Some(master),
                 exp_avg: self.dev.zeros(DType::F32, n)?,
                 exp_avg_sq: self.dev.zeros(DType::F32, n)?,
             };
-            self.dev.copy(&cur.master, 0..n, &mut new.master, 0)?;
             if moments {
+                let cur = &self.buckets[b].opt;
                 self.dev.copy(&cur.exp_avg, 0..n, &mut new.exp_avg, 0)?;
                 self.dev
                     .copy(&cur.exp_avg_sq, 0..n, &mut new.exp_avg_sq, 0)?;
@@ -360,7 +364,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
                 let at = piece.flat_range.start - start;
                 for &(kind, which) in kinds(moments) {
-                    let dst = new.array_mut(which);
+                    let dst = new.array_mut(which).ok_or_else(|| {
+                        EngineError::Internal("staged master weights missing".into())
+                    })?;
                     let dev = &self.dev;
                     src.state(
                         piece.param,
@@ -464,7 +470,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let (Some(st), Some(off)) = (staged.offload, self.offload.as_mut()) {
             off.commit(st)?;
         }
-        for (b, opt) in staged.opt.into_iter().enumerate() {
+        for (b, mut opt) in staged.opt.into_iter().enumerate() {
+            if self.buckets[b].opt.master.is_none() {
+                // fp32: the parameters are the master weights; the staged ones go there.
+                let n = self.held_len(b);
+                let staged_master = opt
+                    .master
+                    .take()
+                    .ok_or_else(|| EngineError::Internal("staged master weights missing".into()))?;
+                let (dev, params, at) = self.master_mut(b)?;
+                dev.copy(&staged_master, 0..n, params, at)?;
+            }
             self.buckets[b].opt = opt;
         }
         for (offset, values) in &staged.frozen {
@@ -502,15 +518,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
             let part = layout.partition_range(self.rank)?;
+            let n = self.held_len(b);
+            let offset = self.held_param_offset(b)?;
             let mut params = self.take_params(b)?;
-            let master = &self.buckets[b].opt.master;
-            let n = self.dev.len(master);
-            let offset = if self.policy.shards_optimizer() && !self.params_sharded(b) {
-                part.start
-            } else {
-                0
+            let copied = match self.buckets[b].opt.master.as_ref() {
+                Some(master) => self.dev.copy(master, 0..n, &mut params, offset),
+                None => Ok(()), // fp32: the parameters are the master weights
             };
-            let copied = self.dev.copy(master, 0..n, &mut params, offset);
             if let Err(e) = copied {
                 self.put_params(b, params)?;
                 return Err(e);

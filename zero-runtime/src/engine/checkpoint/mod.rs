@@ -91,7 +91,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let Some(off) = self.offload.as_mut() {
             return off.read(b, kind, r, sink);
         }
-        let vals = self.dev.download_f32(self.buckets[b].opt.array(kind), r)?;
+        let (buf, at) = self.held_array(b, kind)?;
+        let vals = self.dev.download_f32(buf, Self::held_range(at, r))?;
         sink(0, &vals)
     }
 

@@ -248,7 +248,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 w.write(bytemuck::cast_slice(vals))
                     .map_err(EngineError::from)
             }),
-            None => stream_f32(&self.dev, w, self.buckets[b].opt.array(kind), r),
+            None => {
+                let (buf, at) = self.held_array(b, kind)?;
+                stream_f32(&self.dev, w, buf, Self::held_range(at, r))
+            }
         }
     }
 

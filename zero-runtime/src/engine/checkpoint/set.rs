@@ -5,6 +5,7 @@
 
 use super::super::Engine;
 use crate::device::Device;
+use crate::plan::ParamLoc;
 use crate::EngineError;
 use zero_comm::{Communicator, Completion};
 use zero_kernels::DType;
@@ -70,8 +71,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 };
                 let src = from + piece.tensor_range.start..from + piece.tensor_range.end;
                 let at = piece.flat_range.start - start;
-                let master = &mut self.buckets[b].opt.master;
-                self.dev.copy(&flat, src, master, at)?;
+                let (dev, master, held) = self.master_mut(b)?;
+                dev.copy(&flat, src, master, held + at)?;
             }
         }
         for (id, offset) in self.frozen_params() {
@@ -82,6 +83,83 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         self.params_from_master()
+    }
+
+    /// Sets each listed parameter (by global id) to `values` on this rank only, with no
+    /// collective: the parameters this rank holds (whole, or its shards in stage 3) and its
+    /// held master weights; the optimizer's moments are kept. What a front-end calls when
+    /// the trainer changed a parameter itself (PyTorch's `load_state_dict` or `p.data = …`
+    /// after the engine was built): each rank passes its own values, so ranks that change
+    /// a parameter alike stay alike. Checked before anything is written; not with
+    /// `offload_optimizer` (the master weights live in the offload tier).
+    pub fn adopt_params(&mut self, values: &[(usize, Vec<f32>)]) -> Result<(), EngineError> {
+        if self.offload.is_some() {
+            return Err(EngineError::Order(
+                "changing parameters in place after the engine was built is not supported with offload_optimizer: load a checkpoint instead".into(),
+            ));
+        }
+        let mut by_id: Vec<Option<&[f32]>> = vec![None; self.param_count()];
+        for (id, v) in values {
+            if *id >= self.param_count() {
+                return Err(EngineError::InvalidModel(format!(
+                    "parameter {id} does not exist: the model has {}",
+                    self.param_count()
+                )));
+            }
+            let n = self.param_spec(*id).numel();
+            if v.len() != n {
+                return Err(EngineError::GradShape {
+                    module: self.param_name(*id),
+                    detail: format!("{} values for {n} elements", v.len()),
+                });
+            }
+            by_id[*id] = Some(v);
+        }
+        for (id, v) in values {
+            match self.plan.locs[*id] {
+                ParamLoc::Frozen { offset } => self.dev.upload_f32(&mut self.frozen, offset, v)?,
+                ParamLoc::Bucket { bucket, index } => {
+                    let layout = &self.plan.buckets[bucket].layout;
+                    if self.params_sharded(bucket) {
+                        let part = layout.partition_range(self.rank)?.start;
+                        let mine: Vec<_> = layout
+                            .tensor_shards(index)?
+                            .into_iter()
+                            .filter(|s| s.rank == self.rank)
+                            .collect();
+                        for s in mine {
+                            self.upload_owned_f32(
+                                bucket,
+                                s.flat_range.start - part,
+                                &v[s.tensor_range],
+                            )?;
+                        }
+                    } else {
+                        let at = layout.tensor_range(index).start;
+                        let params = self.buckets[bucket]
+                            .params
+                            .as_mut()
+                            .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+                        self.dev.upload_f32(params, at, v)?;
+                    }
+                }
+            }
+        }
+        for b in 0..self.buckets.len() {
+            if self.buckets[b].opt.master.is_none() {
+                continue; // fp32: written with the parameters
+            }
+            let start = self.opt_start(b)?;
+            for piece in self.held_pieces(b)? {
+                let Some(v) = by_id[piece.param] else {
+                    continue;
+                };
+                let at = piece.flat_range.start - start;
+                let (dev, master, held) = self.master_mut(b)?;
+                dev.upload_f32(master, held + at, &v[piece.tensor_range])?;
+            }
+        }
+        Ok(())
     }
 
     /// The global id of parameter `k` of module `m` (registration order over all modules).

@@ -5,6 +5,12 @@
 //! [`HostTensor`] holds the tensor object (so its memory stays alive) and a GIL token (so
 //! no Python code runs, and nothing resizes or frees the storage, while it copies). Its
 //! bytes are only copied in and out, never borrowed.
+//!
+//! The other way round, [`dlpack`] hands memory zero owns to the framework as a tensor
+//! (a DLPack capsule over a [`Lease`](crate::host_vec::Lease)), so the framework's
+//! parameters can live in the engine's buffers.
+
+pub mod dlpack;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

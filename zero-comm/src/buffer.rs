@@ -51,9 +51,9 @@ impl HostBuffer {
     /// A buffer of `len` zeros of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Self {
         match dtype {
-            DType::F32 => vec![0f32; len].into(),
-            DType::F16 => vec![f16::ZERO; len].into(),
-            DType::BF16 => vec![bf16::ZERO; len].into(),
+            DType::F32 => HostBuffer::F32(HostVec::zeroed(len)),
+            DType::F16 => HostBuffer::F16(HostVec::zeroed(len)),
+            DType::BF16 => HostBuffer::BF16(HostVec::zeroed(len)),
         }
     }
 
@@ -95,7 +95,7 @@ impl HostBuffer {
         T::slice_mut(self)
     }
 
-    /// The `f32` vector, if that is what it holds (a copy only if it is leased).
+    /// The `f32` vector, if that is what it holds (a copy).
     pub fn into_f32(self) -> Option<Vec<f32>> {
         match self {
             HostBuffer::F32(v) => Some(v.into_vec()),
@@ -103,7 +103,7 @@ impl HostBuffer {
         }
     }
 
-    /// The `f16` vector, if that is what it holds (a copy only if it is leased).
+    /// The `f16` vector, if that is what it holds (a copy).
     pub fn into_f16(self) -> Option<Vec<f16>> {
         match self {
             HostBuffer::F16(v) => Some(v.into_vec()),
@@ -111,7 +111,7 @@ impl HostBuffer {
         }
     }
 
-    /// The `bf16` vector, if that is what it holds (a copy only if it is leased).
+    /// The `bf16` vector, if that is what it holds (a copy).
     pub fn into_bf16(self) -> Option<Vec<bf16>> {
         match self {
             HostBuffer::BF16(v) => Some(v.into_vec()),

@@ -74,6 +74,11 @@ pub trait Communicator: Send {
 
     /// What this rank has issued so far, per operation.
     fn stats(&self) -> CommStats;
+    /// Host memory the group keeps mapped in this process for its collectives (the
+    /// shared-memory group's windows; 0 where the backend keeps none of its own).
+    fn held_bytes(&self) -> usize {
+        0
+    }
     /// Zeroes the counters.
     fn reset_stats(&self);
 }

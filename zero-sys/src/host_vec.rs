@@ -10,29 +10,111 @@
 //! The rule that makes this sound: only the `HostVec` forms Rust references into the
 //! allocation; a lease gives an address, for code outside Rust (a framework's kernels)
 //! that reads and writes it between the engine's calls. The allocation never moves or
-//! grows while leased ([`HostVec::resize`] refuses).
+//! grows while leased ([`HostVec::resize`] refuses). Element 0 is 64-byte aligned, as
+//! PyTorch aligns its CPU allocations, and a new vector's memory comes zeroed from the
+//! allocator (untouched pages of a large one cost nothing until written).
 
+use bytemuck::Pod;
+use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// The allocation, behind the `Arc` the vector and its leases share.
-struct Cell<T>(UnsafeCell<Vec<T>>);
+/// Where element 0 of every `HostVec` lies: a multiple of 64 bytes, as PyTorch aligns its
+/// own CPU allocations. A framework's kernels that view the memory (MKL's GEMM among them)
+/// may pick their code path, and with it their rounding, by alignment; aligned like the
+/// framework's own tensors, the views compute what the framework's own copies would.
+pub const ALIGN_BYTES: usize = 64;
 
-// SAFETY: the `Vec` inside is reached through references only by the one `HostVec` that
-// owns the `Arc` (it is not `Clone`-shared: cloning a `HostVec` copies the elements), so
-// moving or sharing the `Arc` between threads moves or shares at most that one owner's
+/// The elements: `len` of them from `ptr`, [`ALIGN_BYTES`]-aligned, inside an allocation
+/// of `cap` elements plus the alignment's slack that starts at `base`.
+struct Elements<T: Pod> {
+    base: NonNull<u8>,
+    ptr: NonNull<T>,
+    len: usize,
+    cap: usize,
+}
+
+impl<T: Pod> Elements<T> {
+    /// The allocation for `cap` elements: the allocator's own alignment (so a zeroed one
+    /// comes from `calloc`, whose fresh pages cost nothing until written; an over-aligned
+    /// layout would be zeroed by hand, every page touched), with room to align by hand.
+    fn layout(cap: usize) -> Layout {
+        let bytes = cap
+            .checked_mul(std::mem::size_of::<T>())
+            .and_then(|b| b.checked_add(ALIGN_BYTES))
+            .expect("a host buffer larger than the address space");
+        Layout::from_size_align(bytes, std::mem::align_of::<T>().max(8))
+            .expect("a host buffer larger than the address space")
+    }
+
+    /// `len` zero elements (all-zero bytes, which `Pod` makes a valid value: +0.0 for
+    /// the float types), from the allocator's zeroed pages.
+    fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size (the alignment slack) and a power-of-two
+        // alignment.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(base) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        let skip = (ALIGN_BYTES - raw as usize % ALIGN_BYTES) % ALIGN_BYTES;
+        // SAFETY: `skip < ALIGN_BYTES` stays inside the allocation, which has ALIGN_BYTES
+        // of slack beyond `len` elements; `raw` is aligned for `T` and ALIGN_BYTES is a
+        // multiple of `T`'s alignment, so the result is too.
+        let ptr = unsafe { NonNull::new_unchecked(raw.add(skip).cast::<T>()) };
+        Elements {
+            base,
+            ptr,
+            len,
+            cap: len,
+        }
+    }
+
+    fn slice(&self) -> &[T] {
+        // SAFETY: `ptr` holds `cap >= len` initialized elements (zeroed at allocation, `Pod`)
+        // for as long as `self` lives; `&self` excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn slice_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `slice`; `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Elements the allocation holds.
+    fn room(&self) -> usize {
+        self.cap
+    }
+}
+
+impl<T: Pod> Drop for Elements<T> {
+    fn drop(&mut self) {
+        // SAFETY: `base` was allocated with exactly this layout in `zeroed`; `Pod` elements
+        // need no drop.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), Self::layout(self.cap)) };
+    }
+}
+
+/// The allocation, behind the `Arc` the vector and its leases share.
+struct Cell<T: Pod>(UnsafeCell<Elements<T>>);
+
+// SAFETY: the elements inside are reached through references only by the one `HostVec`
+// that owns the `Arc` (it is not `Clone`-shared: cloning a `HostVec` copies the elements),
+// so moving or sharing the `Arc` between threads moves or shares at most that one owner's
 // access, which `&`/`&mut HostVec` already orders. Leases hold the `Arc` only to keep the
-// allocation alive and never dereference it. `T: Send` because the elements are dropped
-// wherever the last owner goes.
-unsafe impl<T: Send> Send for Cell<T> {}
+// allocation alive and never dereference it. `Pod` elements are plain bytes, so the
+// allocation may be freed on any thread.
+unsafe impl<T: Pod> Send for Cell<T> {}
 // SAFETY: as above: a shared `&Cell` (inside a `Lease`) gives no access to the elements.
-unsafe impl<T: Send> Sync for Cell<T> {}
+unsafe impl<T: Pod> Sync for Cell<T> {}
 
 /// A vector of `T` whose allocation can be leased to code outside Rust (see the module
-/// docs). Cloning copies the elements into a new, unleased allocation.
-pub struct HostVec<T> {
+/// docs). Element 0 is [`ALIGN_BYTES`]-aligned. Cloning copies the elements into a new,
+/// unleased allocation.
+pub struct HostVec<T: Pod> {
     cell: Arc<Cell<T>>,
 }
 
@@ -86,22 +168,21 @@ impl fmt::Display for Leased {
 
 impl std::error::Error for Leased {}
 
-impl<T> HostVec<T> {
-    /// Takes `v`'s allocation.
-    pub fn new(v: Vec<T>) -> Self {
+impl<T: Pod> HostVec<T> {
+    fn wrap(e: Elements<T>) -> Self {
         HostVec {
-            cell: Arc::new(Cell(UnsafeCell::new(v))),
+            cell: Arc::new(Cell(UnsafeCell::new(e))),
         }
     }
 
-    fn vec(&self) -> &Vec<T> {
+    fn elements(&self) -> &Elements<T> {
         // SAFETY: only this `HostVec` forms references into the cell (module docs), and
-        // `&self` excludes a `&mut` from `vec_mut` for as long as this one lives.
+        // `&self` excludes a `&mut` from `elements_mut` for as long as this one lives.
         unsafe { &*self.cell.0.get() }
     }
 
-    fn vec_mut(&mut self) -> &mut Vec<T> {
-        // SAFETY: as in `vec`; `&mut self` makes this the only reference.
+    fn elements_mut(&mut self) -> &mut Elements<T> {
+        // SAFETY: as in `elements`; `&mut self` makes this the only reference.
         unsafe { &mut *self.cell.0.get() }
     }
 
@@ -109,92 +190,112 @@ impl<T> HostVec<T> {
     pub fn leases(&self) -> usize {
         Arc::strong_count(&self.cell) - 1
     }
+}
+
+impl<T: Pod> HostVec<T> {
+    /// `v`'s elements, copied into an aligned allocation.
+    pub fn new(v: Vec<T>) -> Self {
+        let mut e = Elements::zeroed(v.len());
+        e.slice_mut().copy_from_slice(&v);
+        Self::wrap(e)
+    }
+
+    /// `len` zeros (+0.0 for the float types).
+    pub fn zeroed(len: usize) -> Self {
+        Self::wrap(Elements::zeroed(len))
+    }
 
     /// Changes the length to `len`, filling new elements with `value`. Refused while
     /// leased, when it would need a larger allocation (the leases would point at freed
-    /// memory); shrinking, or growing within the capacity, keeps the allocation.
-    pub fn resize(&mut self, len: usize, value: T) -> Result<(), Leased>
-    where
-        T: Clone,
-    {
+    /// memory); shrinking, or growing within the allocation, keeps it.
+    pub fn resize(&mut self, len: usize, value: T) -> Result<(), Leased> {
         let leases = self.leases();
-        if leases > 0 && len > self.vec().capacity() {
+        let e = self.elements_mut();
+        if len <= e.room() {
+            let old = e.len;
+            e.len = len;
+            if len > old {
+                e.slice_mut()[old..].fill(value);
+            }
+            return Ok(());
+        }
+        if leases > 0 {
             return Err(Leased { leases });
         }
-        self.vec_mut().resize(len, value);
+        let mut grown = Elements::zeroed(len);
+        let old = e.len;
+        grown.slice_mut()[..old].copy_from_slice(e.slice());
+        grown.slice_mut()[old..].fill(value);
+        *e = grown;
         Ok(())
     }
 
-    /// The elements as a `Vec`: the allocation itself when nothing leases it, else a copy.
-    pub fn into_vec(self) -> Vec<T>
-    where
-        T: Clone,
-    {
-        match Arc::try_unwrap(self.cell) {
-            Ok(cell) => cell.0.into_inner(),
-            Err(shared) => HostVec { cell: shared }.vec().clone(),
-        }
+    /// The elements, copied into a `Vec`.
+    pub fn into_vec(self) -> Vec<T> {
+        self.elements().slice().to_vec()
     }
 }
 
-impl<T: Send + 'static> HostVec<T> {
+impl<T: Pod> HostVec<T> {
     /// A lease on the allocation (see the module docs).
     pub fn lease(&self) -> Lease {
-        let v = self.vec();
+        let v = self.elements().slice();
         Lease {
             addr: v.as_ptr() as usize,
-            bytes: std::mem::size_of_val(v.as_slice()),
+            bytes: std::mem::size_of_val(v),
             _keep: self.cell.clone(),
         }
     }
 }
 
-impl<T> Deref for HostVec<T> {
+impl<T: Pod> Deref for HostVec<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        self.vec()
+        self.elements().slice()
     }
 }
 
-impl<T> DerefMut for HostVec<T> {
+impl<T: Pod> DerefMut for HostVec<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        self.vec_mut()
+        self.elements_mut().slice_mut()
     }
 }
 
-impl<T> From<Vec<T>> for HostVec<T> {
+impl<T: Pod> From<Vec<T>> for HostVec<T> {
     fn from(v: Vec<T>) -> Self {
         HostVec::new(v)
     }
 }
 
-impl<T> FromIterator<T> for HostVec<T> {
+impl<T: Pod> FromIterator<T> for HostVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         HostVec::new(iter.into_iter().collect())
     }
 }
 
-impl<T: Clone> Clone for HostVec<T> {
+impl<T: Pod> Clone for HostVec<T> {
     fn clone(&self) -> Self {
-        HostVec::new(self.vec().clone())
+        let mut c = Self::zeroed(self.len());
+        c.copy_from_slice(self);
+        c
     }
 }
 
-impl<T: PartialEq> PartialEq for HostVec<T> {
+impl<T: Pod + PartialEq> PartialEq for HostVec<T> {
     fn eq(&self, other: &Self) -> bool {
         self[..] == other[..]
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for HostVec<T> {
+impl<T: Pod + fmt::Debug> fmt::Debug for HostVec<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.vec().fmt(f)
+        self.elements().slice().fmt(f)
     }
 }
 
-impl<T> Default for HostVec<T> {
+impl<T: Pod> Default for HostVec<T> {
     fn default() -> Self {
-        HostVec::new(Vec::new())
+        HostVec::zeroed(0)
     }
 }
 
@@ -220,36 +321,50 @@ mod tests {
 
     #[test]
     fn resize_keeps_a_leased_allocation_or_refuses() {
-        let mut v = HostVec::new(Vec::with_capacity(8));
-        v.resize(4, 1u16).unwrap();
+        let mut v = HostVec::<u16>::zeroed(8);
+        v.fill(1);
         let lease = v.lease();
-        v.resize(8, 2).unwrap(); // within the capacity: same allocation
+        v.resize(3, 0).unwrap();
+        v.resize(5, 2).unwrap(); // within the allocation: it stays
         assert_eq!(v.as_ptr() as usize, lease.addr());
-        v.resize(2, 0).unwrap();
-        assert_eq!(v.resize(64, 0), Err(Leased { leases: 1 }));
-        assert_eq!(&v[..], &[1, 1]);
+        assert_eq!(
+            &v[..],
+            &[1, 1, 1, 2, 2],
+            "regrown elements take the new value"
+        );
+        assert_eq!(v.resize(9, 0), Err(Leased { leases: 1 }));
+        assert_eq!(&v[..], &[1, 1, 1, 2, 2]);
         drop(lease);
-        v.resize(64, 3).unwrap();
-        assert_eq!(v.len(), 64);
+        v.resize(1 << 20, 3).unwrap();
+        assert_eq!(v.len(), 1 << 20);
+        assert_eq!(&v[..6], &[1, 1, 1, 2, 2, 3]);
+        assert_eq!(v.as_ptr() as usize % ALIGN_BYTES, 0);
     }
 
     #[test]
-    fn clones_and_into_vec_copy_only_when_leased() {
-        let v = HostVec::new(vec![1u8, 2, 3]);
+    fn element_zero_is_aligned_like_torch_allocations() {
+        for len in [0usize, 1, 3, 1000, 1 << 18] {
+            let v = HostVec::<u16>::zeroed(len);
+            assert_eq!(v.as_ptr() as usize % ALIGN_BYTES, 0, "zeroed({len})");
+            assert!(v.iter().all(|&x| x == 0));
+            // A Vec of any alignment is copied to an aligned place.
+            let mut raw = vec![7u16; len + 1];
+            raw.remove(0);
+            let w = HostVec::new(raw.clone());
+            assert_eq!(w.as_ptr() as usize % ALIGN_BYTES, 0, "new({len})");
+            assert_eq!(&w[..], &raw[..]);
+        }
+    }
+
+    #[test]
+    fn clones_and_vecs_are_copies() {
+        let v: HostVec<u8> = [1u8, 2, 3].into_iter().collect();
         let c = v.clone();
         assert_ne!(c.as_ptr(), v.as_ptr());
         assert_eq!(c, v);
-        let ptr = v.as_ptr() as usize;
-        let back = v.into_vec();
-        assert_eq!(
-            back.as_ptr() as usize,
-            ptr,
-            "unleased: the allocation itself"
-        );
-        let v = HostVec::new(vec![4u8, 5]);
         let lease = v.lease();
         let copy = v.into_vec();
-        assert_ne!(copy.as_ptr() as usize, lease.addr(), "leased: a copy");
-        assert_eq!(copy, vec![4, 5]);
+        assert_ne!(copy.as_ptr() as usize, lease.addr());
+        assert_eq!(copy, vec![1, 2, 3]);
     }
 }

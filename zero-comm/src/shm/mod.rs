@@ -317,6 +317,10 @@ impl Communicator for ShmComm {
         Ok(ShmWork(()))
     }
 
+    fn held_bytes(&self) -> usize {
+        segment::segment_bytes(self.world, self.seg.window())
+    }
+
     fn stats(&self) -> CommStats {
         self.stats.get()
     }

@@ -70,6 +70,9 @@ pub struct MemoryReport {
     pub peak_gathered: usize,
     /// Frozen parameters (whole on every rank).
     pub frozen: usize,
+    /// Host memory the communicator keeps for its collectives (the shared-memory group's
+    /// windows).
+    pub comm: usize,
     /// Ψ: trainable parameters.
     pub numel: usize,
     /// Ψ': trainable parameters with alignment padding.
@@ -230,6 +233,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
         r.frozen = size(&self.frozen);
+        r.comm = self.comm.held_bytes();
         if let Some(off) = &self.offload {
             off.report(&mut r.host, &mut r.nvme);
         }

@@ -3,8 +3,9 @@
     PYTHONPATH=<zero_torch and torch> python3 zero-torch/benches/bench_zero_torch.py [--only NAME]
 
 - ``vs-deepspeed``: ``examples/train_gpt2.py`` on 2 processes, zero and DeepSpeed itself
-  (``DS_ACCELERATOR=cpu``, gloo, ``torch.optim.AdamW``), stages 0-3: median step time,
-  each rank's peak and final RSS, and what torch storage holds of the parameters at rest.
+  (``DS_ACCELERATOR=cpu``, gloo, ``torch.optim.AdamW``), stages 0-3, in ``--precision``
+  fp32 or bf16: median step time, each rank's peak and final RSS, and what torch storage
+  holds of the parameters at rest outside the engine's buffers.
 - ``overhead``: one process, the same GPT-2 in a plain PyTorch loop (``torch.optim.AdamW``)
   against zero at stages 0 and 3: median step time.
 - ``hooks``: one process, a stack of tiny ``Linear`` layers, so that the per-module work
@@ -61,11 +62,11 @@ def launch(world: int, args: List[str], timeout: float = 1800) -> List[str]:
     return outs
 
 
-def vs_deepspeed(steps: int, width: int, layers: int) -> None:
+def vs_deepspeed(steps: int, width: int, layers: int, precision: str) -> None:
     size = ["--width", str(width), "--layers", str(layers), "--seq", "64", "--steps", str(steps),
-            "--precision", "fp32"]
+            "--precision", precision]
     print(f"\nGPT-2 width {width}, {layers} layers, seq 64, global batch 32 (micro 8 x 2 accumulation), "
-          f"fp32, 2 processes, {steps} steps (median of the last 80%)\n")
+          f"{precision}, 2 processes, {steps} steps (median of the last 80%)\n")
     print("| stage | zero ms/step | DeepSpeed ms/step | DeepSpeed / zero | zero RSS peak / at the end (MiB, ranks 0, 1) | DeepSpeed RSS peak / at the end | zero: torch param storage at rest / engine model states (MiB, rank 0) | final loss zero / DeepSpeed |")
     print("|---|---|---|---|---|---|---|---|")
     for stage in (0, 1, 2, 3):
@@ -304,6 +305,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="vs-deepspeed's precision")
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"
     import platform
@@ -315,7 +317,7 @@ def main() -> None:
     if args.only in (None, "hooks"):
         hooks(50, 200)
     if args.only in (None, "vs-deepspeed"):
-        vs_deepspeed(args.steps, args.width, args.layers)
+        vs_deepspeed(args.steps, args.width, args.layers, args.precision)
     if args.only in (None, "gpu"):
         gpu_overhead(20, args.gpu_width, args.gpu_layers)
 

@@ -133,12 +133,18 @@ def main() -> None:
     # the high-water mark of the process that started it, across exec).
     status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
     peak, now = (int(status[k].split()[0]) / 1024 for k in ("VmHWM", "VmRSS"))
-    # What torch storage holds of the parameters now, at rest (under zero stage 3: only the
-    # persistent ones), next to the engine's own count of its model states.
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    line = f"rank {rank}: peak RSS {peak:.0f} MiB, now {now:.0f} MiB; parameters in torch storage at rest {sum(storages.values()) / 2**20:.2f} MiB"
+    # What torch storage holds of the parameters now, at rest, outside the engine's buffers
+    # (zero on the CPU: none, the parameters are the engine's buffers; DeepSpeed: all of
+    # them, or under stage 3 the persistent ones), next to the engine's own count of its
+    # model states.
     if hasattr(engine, "memory_report"):
-        line += f"; engine model states {engine.memory_report()['model_states'] / 2**20:.2f} MiB"
+        report = engine.memory_report()
+        held = report["torch_params"]
+    else:
+        held = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}.values())
+    line = f"rank {rank}: peak RSS {peak:.0f} MiB, now {now:.0f} MiB; parameters in torch storage at rest {held / 2**20:.2f} MiB"
+    if hasattr(engine, "memory_report"):
+        line += f"; engine model states {report['model_states'] / 2**20:.2f} MiB"
     print(line, flush=True)
     if args.save:
         engine.save_checkpoint(args.save)

@@ -11,7 +11,7 @@
 use crate::errors::{to_py, ZeroError};
 use crate::start::{self, Inner, Model, ModuleArg};
 use crate::tensors::{self, add_into, read_into, write};
-use crate::{cuda_tensors, with_host_type};
+use crate::{cuda_tensors, views, with_host_type};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -199,6 +199,38 @@ impl NativeEngine {
             }
             Ok(())
         })
+    }
+
+    /// Tensors over the engine's own memory for parameters `ks` of module `m` (CPU only):
+    /// one DLPack capsule each, shaped like its parameter, for `torch.from_dlpack`. The
+    /// capsule leases the buffer, so the tensor stays valid after the engine is gone. In
+    /// stage 3 a partitioned parameter's module must be fetched first (the capsule then
+    /// views the gathered bucket).
+    fn views<'py>(
+        &self,
+        py: Python<'py>,
+        m: usize,
+        ks: Vec<usize>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let guard = self.lock()?;
+        views::capsules(py, &guard, m, &ks)
+    }
+
+    /// `(address, bytes)` of every engine buffer that holds parameters now (CPU only):
+    /// each bucket's parameters, stage 3's gathered buckets, the frozen parameters.
+    fn storage_ranges(&self) -> PyResult<Vec<(usize, usize)>> {
+        let guard = self.lock()?;
+        views::storage_ranges(&guard)
+    }
+
+    /// Takes `(module, k, tensor)` values as the parameters' new values on this rank only
+    /// (no collective): what the trainer wrote into a parameter itself (a
+    /// `load_state_dict`, `p.data = ...`) becomes the engine's, master weights included.
+    /// Tensors on the CPU.
+    fn adopt_params(&self, params: Vec<(usize, usize, Bound<'_, PyAny>)>) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        let values = views::adopted(&guard, &params)?;
+        with_engine!(&mut *guard, e => e.adopt_params(&values)).map_err(to_py)
     }
 
     /// Copies parameter `k` of module `m` into `tensor` (of the engine's dtype and the
@@ -519,9 +551,12 @@ impl NativeEngine {
         d.set_item("gathered", r.gathered)?;
         d.set_item("peak_gathered", r.peak_gathered)?;
         d.set_item("frozen", r.frozen)?;
+        d.set_item("host", r.host.total())?;
+        d.set_item("comm", r.comm)?;
         d.set_item("model_states", r.model_states())?;
         d.set_item("formula", r.formula)?;
         d.set_item("numel", r.numel)?;
+        d.set_item("padded_numel", r.padded_numel)?;
         Ok(d)
     }
 

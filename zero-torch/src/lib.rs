@@ -7,6 +7,7 @@ mod engine;
 mod errors;
 mod start;
 mod tensors;
+mod views;
 
 use pyo3::prelude::*;
 

@@ -1,7 +1,8 @@
 //! Joining the job and building this rank's engine: on the CPU over the shared-memory group
 //! (`Engine<ShmComm, HostDevice>`), or on the process's GPU over NCCL
-//! (`Engine<NcclComm, CudaDevice>`). Every rank starts from rank 0's initial values, as
-//! DeepSpeed broadcasts the model.
+//! (`Engine<NcclComm, CudaDevice>`). Every rank starts from rank 0's initial values:
+//! `initialize` broadcast the model over torch's group, as DeepSpeed does, and the engine
+//! reads each rank's tensors.
 
 use crate::errors::{comm_to_py, device_to_py, to_py, ZeroError};
 use crate::tensors;
@@ -10,7 +11,7 @@ use pyo3::prelude::*;
 use std::time::Duration;
 use zero_comm::launch::LaunchEnv;
 use zero_comm::nccl::NcclComm;
-use zero_comm::{Communicator, Completion, HostBuffer, ShmComm, ShmGroup};
+use zero_comm::{Communicator, ShmComm, ShmGroup};
 use zero_runtime::{CudaDevice, Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
 
 /// The CPU engine: one process per rank over shared memory.
@@ -55,17 +56,16 @@ pub fn launch_env() -> PyResult<LaunchEnv> {
     Ok(LaunchEnv::local(0, 1, port))
 }
 
-/// The engine's modules, and every parameter's initial value (rank 0's tensors on the
-/// host, widened to `f32`) with where each starts.
-pub struct Model {
+/// The engine's modules, and the tensors holding every parameter's initial value (in
+/// registration order; CPU tensors, whatever the device).
+pub struct Model<'a, 'py> {
     specs: Vec<ModuleSpec>,
-    init: Vec<f32>,
-    starts: Vec<usize>,
+    tensors: Vec<&'a Bound<'py, PyAny>>,
 }
 
-impl Model {
-    /// Reads the modules Python registered and their initial values (CPU tensors).
-    pub fn read(modules: Vec<ModuleArg>, values: &[Vec<Bound<'_, PyAny>>]) -> PyResult<Self> {
+impl<'a, 'py> Model<'a, 'py> {
+    /// Reads the modules Python registered, and checks each initial value's size.
+    pub fn read(modules: Vec<ModuleArg>, values: &'a [Vec<Bound<'py, PyAny>>]) -> PyResult<Self> {
         same_count(modules.len(), values.len(), || {
             format!(
                 "{} modules but initial values for {}",
@@ -74,8 +74,7 @@ impl Model {
             )
         })?;
         let mut specs = Vec::with_capacity(modules.len());
-        let mut init: Vec<f32> = Vec::new();
-        let mut starts = Vec::new();
+        let mut tensors = Vec::new();
         for ((name, params), vals) in modules.into_iter().zip(values) {
             same_count(params.len(), vals.len(), || {
                 format!(
@@ -86,13 +85,12 @@ impl Model {
             })?;
             let mut ps = Vec::with_capacity(params.len());
             for ((pname, shape, trainable, aliases, group), t) in params.into_iter().zip(vals) {
-                let v = tensors::read_f32(t)?;
                 let numel: usize = shape.iter().product();
-                same_count(numel, v.len(), || {
-                    format!("{name}.{pname}: shape {shape:?} but {} values", v.len())
+                let have = tensors::numel(t)?;
+                same_count(numel, have, || {
+                    format!("{name}.{pname}: shape {shape:?} but {have} values")
                 })?;
-                starts.push(init.len());
-                init.extend_from_slice(&v);
+                tensors.push(t);
                 let spec = if trainable {
                     ParamSpec::new(pname, &shape)
                 } else {
@@ -102,31 +100,31 @@ impl Model {
             }
             specs.push(ModuleSpec::new(name, ps));
         }
-        Ok(Model {
-            specs,
-            init,
-            starts,
-        })
+        Ok(Model { specs, tensors })
     }
 
-    /// The engine over `comm` and `dev`, every parameter set from `init`.
-    fn build<C, D>(self, py: Python<'_>, cfg: ZeroConfig, comm: C, dev: D) -> PyResult<Engine<C, D>>
+    /// The engine over `comm` and `dev`, every parameter set from its tensor: each is read
+    /// straight into the engine's buffers (one parameter widened at a time, no staging copy
+    /// of the model), with the GIL held. Every rank's tensors already hold rank 0's values:
+    /// `initialize` broadcast the model over torch's group, as DeepSpeed does.
+    fn build<C, D>(self, cfg: ZeroConfig, comm: C, dev: D) -> PyResult<Engine<C, D>>
     where
         C: Communicator + Send,
         D: zero_runtime::Device<Buffer = C::Buffer>,
     {
-        let Model {
-            specs,
-            init,
-            starts,
-        } = self;
-        py.detach(move || {
-            Engine::new(cfg, specs, comm, dev, |id, spec, out| {
-                let at = starts[id];
-                out.copy_from_slice(&init[at..at + spec.numel()]);
-            })
-        })
-        .map_err(to_py)
+        let Model { specs, tensors } = self;
+        let mut failed: Option<PyErr> = None;
+        let engine = Engine::new(cfg, specs, comm, dev, |id, _, out| {
+            if failed.is_none() {
+                if let Err(e) = tensors::read_f32_into(tensors[id], out) {
+                    failed = Some(e);
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        engine.map_err(to_py)
     }
 }
 
@@ -149,21 +147,14 @@ pub fn host(
     py: Python<'_>,
     env: &LaunchEnv,
     config_json: &str,
-    mut model: Model,
+    model: Model<'_, '_>,
     timeout: Duration,
 ) -> PyResult<Inner> {
     let comm = py
         .detach(|| ShmGroup::init(env, timeout))
         .map_err(comm_to_py)?;
     let cfg = read_config(config_json, comm.world_size())?;
-    let comm = from_rank0(py, comm, &mut model, |comm, init| {
-        comm.broadcast(HostBuffer::from(init), 0)
-            .and_then(|w| w.wait())
-            .map_err(comm_to_py)?
-            .into_f32()
-            .ok_or_else(|| ZeroError::new_err("the broadcast of initial values changed dtype"))
-    })?;
-    Ok(Inner::Host(model.build(py, cfg, comm, HostDevice)?))
+    Ok(Inner::Host(model.build(cfg, comm, HostDevice)?))
 }
 
 /// Joins the job on this process's GPU (the one visible, else the local rank's) over NCCL
@@ -172,7 +163,7 @@ pub fn cuda(
     py: Python<'_>,
     env: &LaunchEnv,
     config_json: &str,
-    mut model: Model,
+    model: Model<'_, '_>,
     timeout: Duration,
 ) -> PyResult<Inner> {
     // The GPU first: no driver (or no GPU) is a DeviceError naming it, before NCCL.
@@ -181,40 +172,6 @@ pub fn cuda(
         .detach(|| NcclComm::init(env, timeout))
         .map_err(comm_to_py)?;
     let cfg = read_config(config_json, comm.world_size())?;
-    let comm = from_rank0(py, comm, &mut model, |comm, init| {
-        broadcast_on_gpu(comm, &init)
-    })?;
     let dev = CudaDevice::new().map_err(to_py)?;
-    Ok(Inner::Cuda(model.build(py, cfg, comm, dev)?))
-}
-
-/// Every rank takes rank 0's initial values, moved by `bcast` over `comm` with the GIL
-/// released (nothing to do at world size 1).
-fn from_rank0<C: Communicator + Send>(
-    py: Python<'_>,
-    comm: C,
-    model: &mut Model,
-    bcast: impl FnOnce(&C, Vec<f32>) -> PyResult<Vec<f32>> + Send,
-) -> PyResult<C> {
-    if comm.world_size() == 1 {
-        return Ok(comm);
-    }
-    let init = std::mem::take(&mut model.init);
-    let (comm, got) = py.detach(move || {
-        let got = bcast(&comm, init);
-        (comm, got)
-    });
-    model.init = got?;
-    Ok(comm)
-}
-
-/// Rank 0's `init` on every rank, through a device buffer on the communicator's stream.
-fn broadcast_on_gpu(comm: &NcclComm, init: &[f32]) -> PyResult<Vec<f32>> {
-    let st = comm.stream();
-    let buf = st.upload(init).map_err(device_to_py)?;
-    let out = comm
-        .broadcast(buf, 0)
-        .and_then(|w| w.wait())
-        .map_err(comm_to_py)?;
-    st.download(&out, 0..init.len()).map_err(device_to_py)
+    Ok(Inner::Cuda(model.build(cfg, comm, dev)?))
 }

@@ -33,18 +33,41 @@ pub fn check_dtype(t: &Bound<'_, PyAny>, want: DType, what: &str) -> PyResult<()
     }
 }
 
+/// The number of elements of tensor `t`.
+pub fn numel(t: &Bound<'_, PyAny>) -> PyResult<usize> {
+    t.call_method0("numel")?.extract()
+}
+
 /// The values of `t` widened to `f32`.
 pub fn read_f32(t: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
-    fn widen<T: Element + bytemuck::Pod>(t: &HostTensor<'_>) -> PyResult<Vec<f32>> {
+    let mut out = vec![0f32; numel(t)?];
+    read_f32_into(t, &mut out)?;
+    Ok(out)
+}
+
+/// The values of `t` widened to `f32` into `out` (of `t`'s length).
+pub fn read_f32_into(t: &Bound<'_, PyAny>, out: &mut [f32]) -> PyResult<()> {
+    fn widen<T: Element + bytemuck::Pod>(t: &HostTensor<'_>, out: &mut [f32]) -> PyResult<()> {
         let mut v = vec![T::from_f32(0.0); t.nbytes() / std::mem::size_of::<T>()];
         t.read(bytemuck::cast_slice_mut(&mut v))?;
-        Ok(v.iter().map(|x| x.to_f32()).collect())
+        for (o, x) in out.iter_mut().zip(&v) {
+            *o = x.to_f32();
+        }
+        Ok(())
     }
     let host = HostTensor::of(t)?;
-    match dtype_of(t)? {
-        DType::F32 => widen::<f32>(&host),
-        DType::F16 => widen::<f16>(&host),
-        DType::BF16 => widen::<bf16>(&host),
+    let dtype = dtype_of(t)?;
+    if host.nbytes() != out.len() * dtype.size_of() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "the tensor holds {} bytes of {dtype}, {} values were expected",
+            host.nbytes(),
+            out.len()
+        )));
+    }
+    match dtype {
+        DType::F32 => host.read(bytemuck::cast_slice_mut(out)),
+        DType::F16 => widen::<f16>(&host, out),
+        DType::BF16 => widen::<bf16>(&host, out),
     }
 }
 

@@ -55,6 +55,7 @@ class CheckpointMethods:
                 "parameters are saved once per checkpoint, in frozen.safetensors"
             )
         native = self._native
+        self._runtime.sync_user_changes()
         if tag is None:
             tag = f"global_step{self.global_steps}"
         if self._plan.kind == "external":
@@ -235,6 +236,7 @@ class CheckpointMethods:
             raise UnsupportedError("save_16bit_model(exclude_frozen_parameters=True) is not supported")
         rt = self._runtime
         rt.ensure_built()
+        rt.sync_user_changes()
         if rt.stage3 and not self.zero_gather_16bit_weights_on_model_save():
             warnings.warn(
                 "Did not save the model because stage3_gather_16bit_weights_on_model_save is "

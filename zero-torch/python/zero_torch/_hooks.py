@@ -1,9 +1,16 @@
 """The hooks that drive the engine from PyTorch's forward and backward.
 
+On the CPU the parameters are the engine's own memory: once the engine is built, every
+parameter's storage is a view of the engine buffer that holds it (``NativeEngine.views``,
+DLPack over a lease), so there is one copy of the weights and the optimizer step writes
+them in place; in stage 3 a gathered parameter views the gathered bucket the all-gather
+wrote. On a GPU torch keeps its own storage and the values are copied in (``fill``).
+
 Per module that holds parameters:
 
-- forward pre-hook: the units it uses are gathered (stage 3: ``fetch``, then the values
-  copied into freshly allocated parameter storage);
+- forward pre-hook: the units it uses are gathered (stage 3: ``fetch``, then the
+  parameters pointed at the gathered bucket, or on a GPU the values copied into freshly
+  allocated parameter storage);
 - forward hook: they are released (stage 3: ``release``, the storage dropped) and, when a
   backward can follow, every output that needs a gradient gets a tensor hook: autograd
   calls it with the output's gradient, just before the module's own backward runs, and it
@@ -27,6 +34,7 @@ gradient counts are recorded for the later ones.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -70,6 +78,9 @@ def backward_owner() -> Any:
     return _BACKWARD_OWNER[0]
 
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+"""The engine's dtype names as torch dtypes."""
+
 _ALIGN = 64
 """Each gathered parameter starts a multiple of this many elements into its unit's one
 allocation (128 bytes or more), so torch's kernels (cuBLAS picks its kernels by
@@ -102,6 +113,12 @@ class Runtime:
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""
+        self.views = device.type == "cpu"
+        """Whether the parameters are views of the engine's buffers (the CPU: one copy),
+        rather than torch's own storage filled by copies (a GPU)."""
+        self.bound: List[Param] = []
+        """The parameters kept whole as views of the engine's buffers (every one below
+        stage 3, the persistent ones in stage 3): checked for the script's own changes."""
         self.order: List[Unit] = []
         self.in_backward = False
         self.backward_ran = True
@@ -217,6 +234,10 @@ class Runtime:
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
+            if self.views:
+                whole = [p for p in u.params if p.persistent]
+                self._bind(u, whole)
+                self.bound.extend(whole)
             u.sharded = [p for p in u.params if not p.persistent]
             u.sharded_offsets = []
             at = 0
@@ -231,11 +252,89 @@ class Runtime:
 
     # ---- storage ------------------------------------------------------------------
 
+    def _bind(self, u: Unit, params: List[Param]) -> None:
+        """Points each of ``params`` (of unit ``u``) at the engine buffer that holds it now:
+        its storage becomes a view of the engine's memory (CPU)."""
+        if not params:
+            return
+        capsules = self.native.views(u.index, [p.k for p in params])
+        for p, capsule in zip(params, capsules):
+            p.param.data = torch.from_dlpack(capsule)
+            p.ptr = p.param.data_ptr()
+            p.version = p.param._version
+
+    def sync_user_changes(self) -> None:
+        """Takes what the script wrote into whole parameters itself since the engine last
+        placed them: ``load_state_dict`` or an in-place write (the version counter moved),
+        or ``p.data = tensor`` (the storage moved). Their values become the engine's on
+        this rank, fp32 master weights included, and a replaced parameter views the
+        engine's buffer again. A parameter whose dtype, device or shape changed
+        (``model.half()``, ``.to(...)`` after ``initialize``) is an error naming it."""
+        if not self.views or self.native is None:
+            return
+        changed = [p for p in self.bound if p.param.data_ptr() != p.ptr or p.param._version != p.version]
+        if not changed:
+            return
+        engine_dtype = _DTYPES[self.native.dtype]
+        pairs = []
+        for p in changed:
+            t = p.param
+            if t.dtype != engine_dtype or t.device != self.device or t.shape != p.shape:
+                raise UnsupportedError(
+                    f"parameter {p.name} is now {str(t.dtype).replace('torch.', '')} of shape "
+                    f"{tuple(t.shape)} on {t.device}, but the engine trains it as "
+                    f"{str(engine_dtype).replace('torch.', '')} of shape {tuple(p.shape)} on "
+                    f"{self.device}: model.half(), .to(dtype or device) and replacing a "
+                    "parameter by another shape are not supported after initialize() "
+                    "(choose the dtype in the config, move the model before initialize)"
+                )
+            pairs.append((self.reg.units[p.unit].index, p.k, t.detach()))
+        self.native.adopt_params(pairs)
+        for p in changed:
+            if p.param.data_ptr() != p.ptr:
+                self._bind(self.reg.units[p.unit], [p])
+            else:
+                p.version = p.param._version
+
+    def torch_bytes(self) -> Tuple[int, int]:
+        """Bytes torch holds for the model outside the engine: parameter storage that is not
+        a view of an engine buffer, and the ``.grad`` tensors alive (each storage once)."""
+        ranges = self.native.storage_ranges() if self.views and self.native is not None else []
+        seen: set = set()
+        params = grads = 0
+        for p in self.model.parameters():
+            if p.numel() == 0:
+                continue
+            ptr = p.data_ptr()
+            if not any(a <= ptr < a + n for a, n in ranges):
+                storage = p.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    params += storage.nbytes()
+            if p.grad is not None:
+                storage = p.grad.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    grads += storage.nbytes()
+        return params, grads
+
     def _fill(self, u: Unit) -> None:
-        """Stage 3: fresh storage for the unit's sharded parameters (one allocation for the
-        unit), holding the gathered values."""
+        """Stage 3: the unit's sharded parameters hold the gathered values: on the CPU they
+        view the gathered bucket; on a GPU they get fresh storage (one allocation for the
+        unit) the values are copied into."""
         sharded = u.sharded
         if not sharded:
+            return
+        for p in sharded:
+            if p.param.numel() != 0:
+                raise UnsupportedError(
+                    f"parameter {p.name} was given new data while partitioned (stage 3): its "
+                    "change would be lost; change partitioned parameters inside "
+                    "zero_torch.zero.GatheredParameters(params, modifier_rank=0)"
+                )
+        if self.views:
+            self._bind(u, sharded)
+            self.filled[u.index] = True
             return
         flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
         for p, at in zip(sharded, u.sharded_offsets):
@@ -267,7 +366,10 @@ class Runtime:
 
     def write_back(self) -> None:
         """After a step: torch's copies of the parameters the engine keeps whole get the
-        new values (all of them in stages 0-2; stage 3's persistent ones)."""
+        new values (all of them in stages 0-2; stage 3's persistent ones). On the CPU the
+        parameters are the engine's buffers, which the step wrote in place: nothing to do."""
+        if self.views:
+            return
         stream = self.stream()
         for u in self.order:
             if self.stage3:
@@ -282,6 +384,7 @@ class Runtime:
     def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.error is not None:
             raise self.error
+        self.sync_user_changes()
         count = sum(1 for _ in self.model.parameters())
         if count != self.param_count:
             new = [n for n, p in self.model.named_parameters() if id(p) not in self.reg.by_id]
@@ -352,8 +455,14 @@ class Runtime:
                 t.register_hook(hook)
 
     def _pre_backward_hook(self, units: List[Unit]) -> Callable[[torch.Tensor], None]:
+        # Weakly: torch keeps a tensor hook alive after the graph that needed it, and a
+        # forward with no backward would otherwise keep the runtime (and its engine).
+        me = weakref.ref(self)
+
         def hook(grad: torch.Tensor) -> None:
-            self.before_module_backward(units)
+            rt = me()
+            if rt is not None:
+                rt.before_module_backward(units)
 
         return hook
 

@@ -33,6 +33,11 @@ class Param:
     """Kept whole in torch storage at rest (set once the engine exists)."""
     group: int = 0
     """Its optimizer parameter group."""
+    ptr: int = 0
+    """Where its storage was when the engine last placed it (views of the engine's
+    buffers, on the CPU): another address means the script replaced it."""
+    version: int = 0
+    """Its version counter then: another value means the script wrote it in place."""
 
 
 @dataclass

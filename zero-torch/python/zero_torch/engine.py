@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -108,6 +109,16 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         else:
             self.lr_scheduler = None
         zero._ENGINES.add(self)
+        me = weakref.ref(self)
+
+        def output_hook(grad: torch.Tensor) -> torch.Tensor:
+            engine = me()
+            return grad if engine is None else engine._output_hook(grad)
+
+        self._weak_output_hook = output_hook
+        """The hook outputs get: it refers to the engine weakly, as torch keeps a tensor
+        hook alive after the graph that needed it (a forward without a backward would
+        otherwise keep the whole engine, its buffers with it)."""
 
     # ---- the engine ---------------------------------------------------------------
 
@@ -156,7 +167,7 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         (by the loss scale over the accumulation steps)."""
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
-            hook = self._output_hook
+            hook = self._weak_output_hook
             for t in _hooks._tensors_in(out):
                 if t.requires_grad:
                     t.register_hook(hook)
@@ -215,6 +226,7 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         rt.passes_since_step = 0
         self.micro_steps += 1
         if boundary:
+            rt.sync_user_changes()
             self._last_step = self._driver.step(self._native)
             rt.write_back()
             if not self._last_step["skipped"] and self.client_lr_scheduler is not None:
@@ -311,9 +323,35 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         return bool(self._resolved.get("gather_16bit_weights_on_model_save", False))
 
     def memory_report(self) -> Dict[str, int]:
-        """Bytes this rank keeps per category (parameters, gradients, optimizer state,
-        buckets), as the engine counts them."""
-        return dict(self._native.memory_report())
+        """Bytes this rank holds for the model, by category: the engine's (``params``,
+        ``grads``, ``master``, ``exp_avg``, ``exp_avg_sq``, ``grad_accum``, ``buckets``,
+        ``gathered``, ``frozen``, ``host`` for offloaded state in RAM, ``comm`` for the
+        shared-memory group's windows; ``model_states`` and the paper's ``formula``) and
+        torch's: ``torch_params``, parameter storage torch holds
+        outside the engine's buffers (none on the CPU, where the parameters are views of
+        them; on a GPU torch's own copies), and ``torch_grads``, the ``.grad`` tensors
+        alive. ``total`` is all of it: what the process holds for the model."""
+        r = dict(self._native.memory_report())
+        r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
+        r["total"] = sum(
+            r[k]
+            for k in (
+                "params",
+                "grads",
+                "master",
+                "exp_avg",
+                "exp_avg_sq",
+                "grad_accum",
+                "buckets",
+                "gathered",
+                "frozen",
+                "host",
+                "comm",
+                "torch_params",
+                "torch_grads",
+            )
+        )
+        return r
 
     def comm_report(self) -> Dict[str, int]:
         """Elements this rank sent in the last step, by purpose, and the theory."""
@@ -333,7 +371,10 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         for p in params:
             info = reg.by_id[id(p)]
             u = reg.units[info.unit]
-            if not rt.stage3 or info.persistent:
+            if rt.views:
+                # The parameter is the engine's buffer, which now holds the new values.
+                info.version = p._version
+            elif not rt.stage3 or info.persistent:
                 self._native.fill_param(u.index, info.k, p.data, rt.stream())
             elif rt.filled.get(u.index):
                 rt._fill(u)

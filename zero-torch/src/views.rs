@@ -1,0 +1,90 @@
+//! One copy of the parameters on the CPU: PyTorch's parameters *are* the engine's buffers.
+//! Each parameter becomes a tensor over its range of the buffer that holds it (a bucket's
+//! 16-bit parameters, stage 3's gathered bucket, the frozen parameters), handed to torch
+//! as a DLPack capsule over a lease on that buffer: torch reads and autograd saves the
+//! engine's memory itself, the optimizer step writes it in place, and a parameter that
+//! outlives the engine keeps its values (the lease keeps the memory).
+//!
+//! Each parameter gets its own torch storage of exactly its bytes, as in a model torch
+//! allocated itself, so code that looks for tensors sharing storage (safetensors,
+//! `save_pretrained`) sees none.
+
+use crate::errors::{to_py, DeviceError};
+use crate::start::{HostEngine, Inner};
+use crate::tensors;
+use pyo3::prelude::*;
+use zero_kernels::DType;
+use zero_sys::python::dlpack::{host_capsule, DlElement};
+
+/// The host engine, or an error naming why views need one.
+fn host(inner: &Inner) -> PyResult<&HostEngine> {
+    match inner {
+        Inner::Host(e) => Ok(e),
+        Inner::Cuda(_) => Err(DeviceError::new_err(
+            "parameter views of the engine's buffers are made on the CPU only; on a GPU the parameters are copies",
+        )),
+    }
+}
+
+fn element(dtype: DType) -> DlElement {
+    match dtype {
+        DType::F32 => DlElement::F32,
+        DType::F16 => DlElement::F16,
+        DType::BF16 => DlElement::BF16,
+    }
+}
+
+/// DLPack capsules of parameters `ks` of module `m`, each shaped like its parameter and
+/// over the engine buffer that holds it now (stage 3: fetch the module first).
+pub fn capsules<'py>(
+    py: Python<'py>,
+    inner: &Inner,
+    m: usize,
+    ks: &[usize],
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let e = host(inner)?;
+    let module = e.modules().get(m).ok_or_else(|| {
+        to_py(zero_runtime::EngineError::UnknownModule {
+            index: m,
+            count: e.modules().len(),
+        })
+    })?;
+    ks.iter()
+        .map(|&k| {
+            let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
+            let shape = &module.params[k].shape;
+            host_capsule(py, buf.lease(), element(buf.dtype()), range.start, shape)
+        })
+        .collect()
+}
+
+/// `(address, bytes)` of every buffer that holds parameters now.
+pub fn storage_ranges(inner: &Inner) -> PyResult<Vec<(usize, usize)>> {
+    let e = host(inner)?;
+    Ok(e.param_buffers()
+        .into_iter()
+        .map(|b| {
+            let lease = b.lease();
+            (lease.addr(), lease.bytes())
+        })
+        .collect())
+}
+
+/// Values of `(module, k, tensor)` for [`Engine::adopt_params`](zero_runtime::Engine::adopt_params):
+/// the global ids and the tensors' values as `f32`.
+pub fn adopted(
+    inner: &Inner,
+    params: &[(usize, usize, Bound<'_, PyAny>)],
+) -> PyResult<Vec<(usize, Vec<f32>)>> {
+    params
+        .iter()
+        .map(|(m, k, t)| {
+            let id = match inner {
+                Inner::Host(e) => e.param_id(*m, *k),
+                Inner::Cuda(e) => e.param_id(*m, *k),
+            }
+            .map_err(to_py)?;
+            Ok((id, tensors::read_f32(t)?))
+        })
+        .collect()
+}

@@ -45,23 +45,24 @@ from .errors import OrderError, UnsupportedError
 
 
 def _tensors_in(obj: Any) -> List[torch.Tensor]:
-    """Every tensor in a module's output (tensors, tuples, lists, dicts, dataclasses)."""
-    found: List[torch.Tensor] = []
+    """Every tensor in a module's output (tensors, tuples, lists, dicts, dataclasses).
 
-    def walk(x: Any) -> None:
+    A loop, not a recursive closure: a nested function that calls itself is a reference
+    cycle (the function, its own cell), and it would keep the list it fills, the outputs
+    and their whole autograd graph alive until Python's cyclic collector happens to run
+    (an activation's worth of memory per forward, seen growing step after step)."""
+    found: List[torch.Tensor] = []
+    todo = [obj]
+    while todo:
+        x = todo.pop()
         if isinstance(x, torch.Tensor):
             found.append(x)
         elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
+            todo.extend(reversed(x))
         elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
+            todo.extend(reversed(list(x.values())))
         elif hasattr(x, "__dataclass_fields__"):
-            for name in x.__dataclass_fields__:
-                walk(getattr(x, name, None))
-
-    walk(obj)
+            todo.extend(reversed([getattr(x, name, None) for name in x.__dataclass_fields__]))
     return found
 
 

@@ -34,7 +34,6 @@ gradient counts are recorded for the later ones.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -48,9 +47,10 @@ def _tensors_in(obj: Any) -> List[torch.Tensor]:
     """Every tensor in a module's output (tensors, tuples, lists, dicts, dataclasses).
 
     A loop, not a recursive closure: a nested function that calls itself is a reference
-    cycle (the function, its own cell), and it would keep the list it fills, the outputs
-    and their whole autograd graph alive until Python's cyclic collector happens to run
-    (an activation's worth of memory per forward, seen growing step after step)."""
+    cycle (the function, its own cell), which kept the list it filled, the outputs, their
+    hooks (and through them the engine) and their whole autograd graph alive until
+    Python's cyclic collector ran: an activation's worth of memory per forward, seen
+    growing step after step, and an engine that outlived ``destroy()``."""
     found: List[torch.Tensor] = []
     todo = [obj]
     while todo:
@@ -456,14 +456,8 @@ class Runtime:
                 t.register_hook(hook)
 
     def _pre_backward_hook(self, units: List[Unit]) -> Callable[[torch.Tensor], None]:
-        # Weakly: torch keeps a tensor hook alive after the graph that needed it, and a
-        # forward with no backward would otherwise keep the runtime (and its engine).
-        me = weakref.ref(self)
-
         def hook(grad: torch.Tensor) -> None:
-            rt = me()
-            if rt is not None:
-                rt.before_module_backward(units)
+            self.before_module_backward(units)
 
         return hook
 

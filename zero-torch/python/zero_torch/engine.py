@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -109,16 +108,6 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         else:
             self.lr_scheduler = None
         zero._ENGINES.add(self)
-        me = weakref.ref(self)
-
-        def output_hook(grad: torch.Tensor) -> torch.Tensor:
-            engine = me()
-            return grad if engine is None else engine._output_hook(grad)
-
-        self._weak_output_hook = output_hook
-        """The hook outputs get: it refers to the engine weakly, as torch keeps a tensor
-        hook alive after the graph that needed it (a forward without a backward would
-        otherwise keep the whole engine, its buffers with it)."""
 
     # ---- the engine ---------------------------------------------------------------
 
@@ -167,7 +156,7 @@ class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
         (by the loss scale over the accumulation steps)."""
         out = self.module(*args, **kwargs)
         if torch.is_grad_enabled():
-            hook = self._weak_output_hook
+            hook = self._output_hook
             for t in _hooks._tensors_in(out):
                 if t.requires_grad:
                     t.register_hook(hook)

@@ -121,6 +121,49 @@ fn fp32_parameters_are_their_own_master_weights() {
     );
 }
 
+/// A pass that adds every module's gradients before declaring any ready (a front-end's
+/// first backward, which cannot tell when a module is complete) holds a staging buffer per
+/// bucket; once a pass holds one or two at a time, the pool lets the others go, and the
+/// memory report says so.
+#[test]
+fn idle_gradient_staging_is_freed_after_a_pass_that_needs_less() {
+    use zero_tests::{loss_and_grads, micro_batch};
+    let seed = seed("staging pool");
+    let world = 2;
+    let data = dataset(seed, 3 * world * 3);
+    // One bucket per module: three buckets.
+    let cfg = config(2, 1, 64);
+    let reports = run_ranks(world, &cfg, seed, |e| {
+        let mut seen = Vec::new();
+        for step in 0..3 {
+            let batch = &data[micro_batch(step, 0, e.rank(), world, 1, 1)];
+            let params: Vec<_> = (0..3).map(|m| e.params_f32(m).unwrap()).collect();
+            let (_, grads) = loss_and_grads(&params, batch, e.loss_scale_factor() as f32);
+            let all_then_ready = step == 0;
+            for m in (0..3).rev() {
+                let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
+                e.add_grads_f32(m, &g).unwrap();
+                if !all_then_ready {
+                    e.grads_ready(m).unwrap();
+                }
+            }
+            if all_then_ready {
+                for m in (0..3).rev() {
+                    e.grads_ready(m).unwrap();
+                }
+            }
+            e.step().unwrap();
+            seen.push(e.memory_report().buckets);
+        }
+        seen
+    });
+    let seen = &reports[0];
+    assert!(
+        seen[0] > seen[1] && seen[1] == seen[2] && seen[1] > 0,
+        "staging bytes after each step: {seen:?}"
+    );
+}
+
 #[test]
 fn elements_sent_per_step_are_exactly_the_papers() {
     let seed = seed("communication");

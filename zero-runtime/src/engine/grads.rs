@@ -4,6 +4,9 @@
 //!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition.
 //! - Stages 2–3 reduce-scatter every micro-step from a recycled staging buffer straight
 //!   into the owned partition (`grad_shard`), accumulating into fp32 when accumulating.
+//!   The pool keeps as many staging buffers as the last micro-step had in use at once, so
+//!   a pass that held many (every bucket, when the trainer declares modules ready only at
+//!   the end) does not keep them for the rest of the run.
 //!
 //! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
 //! for only when its buffers are needed again, or at `step()`.
@@ -57,6 +60,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     fn end_micro_step(&mut self) {
+        self.trim_pool();
         self.micro_done += 1;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
@@ -157,11 +161,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.dev.zero(&mut buf, 0..total)?;
                 self.buckets[b].grads = Some(buf);
                 self.staging_cap[b] = cap;
+                let in_use = self.pool_buffers - self.pool.len();
+                self.pool_peak = self.pool_peak.max(in_use);
                 return Ok(());
             }
             if self.inflight.is_empty() {
                 self.pool.push((self.dev.zeros(self.dtype, total)?, total));
                 self.pool_allocated += total;
+                self.pool_buffers += 1;
             } else {
                 self.finish_oldest()?;
             }
@@ -234,6 +241,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.timings.add_reduce(t0.elapsed());
         Ok(())
+    }
+
+    /// Keeps as many staging buffers as this micro-step had in use at once (the largest
+    /// ones, which fit any bucket) and frees the other idle ones: a pass that held many
+    /// (a first backward that cannot tell when a module is complete) does not keep them
+    /// for the rest of the run.
+    fn trim_pool(&mut self) {
+        let in_use = self.pool_buffers - self.pool.len();
+        let keep = self.pool_peak.max(in_use);
+        if self.pool_buffers > keep {
+            self.pool.sort_by_key(|(_, cap)| std::cmp::Reverse(*cap));
+            let idle_kept = keep.saturating_sub(in_use);
+            for (_, cap) in self.pool.drain(idle_kept..) {
+                self.pool_allocated -= cap;
+                self.pool_buffers -= 1;
+            }
+        }
+        self.pool_peak = in_use;
     }
 
     /// Waits for the oldest reduction and puts its buffers where they belong.

@@ -125,8 +125,12 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     /// Idle staging buffers for whole-bucket gradients (stages 2–3), with their capacity
     /// in elements.
     pool: Vec<(C::Buffer, usize)>,
-    /// Capacity of every staging buffer allocated, in elements.
+    /// Capacity of every staging buffer allocated (idle or in use), in elements.
     pool_allocated: usize,
+    /// Staging buffers allocated (idle or in use).
+    pool_buffers: usize,
+    /// The most staging buffers in use at once in this micro-step: what the pool keeps.
+    pool_peak: usize,
     /// Capacity of the staging buffer each bucket holds now.
     staging_cap: Vec<usize>,
     inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
@@ -368,6 +372,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             plan,
             pool: Vec::new(),
             pool_allocated: 0,
+            pool_buffers: 0,
+            pool_peak: 0,
             staging_cap: vec![0; n_buckets],
             inflight: VecDeque::new(),
             optimizer_steps: 0,

@@ -27,9 +27,14 @@ During backward nothing is released by the forward hooks: activation checkpointi
 forward again inside backward (non-reentrant recompute, or reentrant segments), and what
 it gathers stays until the unit's gradients are done.
 
-The first forward only records the order in which units are first used; the engine is
-built at its end (parameters are registered in that order) and the first backward's
-gradient counts are recorded for the later ones.
+The first forward records the order in which units are first used and whether each was
+used with gradients enabled; the engine is built at its end (parameters are registered in
+that order). A unit the first forward used only with gradients enabled gets each
+parameter's gradient once per backward (autograd sums a leaf's uses before accumulating
+it), so the first backward already reduces it as soon as it is complete: gradient staging
+and, in stage 3, gathered parameters stay within their bounds from the first step on. The
+first backward's own counts then replace the prediction for the later ones (a reentrant
+checkpoint segment accumulates once more per segment).
 """
 
 from __future__ import annotations
@@ -128,7 +133,19 @@ class Runtime:
         self.ready: Dict[int, bool] = {}
         self.arrivals: Dict[int, int] = {}
         self.expected: Optional[Dict[int, int]] = None
-        """Per trainable parameter (by ``id``): its gradients in the first backward."""
+        """Per trainable parameter (by ``id``): its gradients per backward, as the first
+        backward counted them (before it: one for each parameter of a unit the first
+        forward used only with gradients enabled)."""
+        self.learned = False
+        """Whether ``expected`` holds what a backward counted, not the first forward's
+        prediction."""
+        self.first_uses: Dict[int, bool] = {}
+        """Per unit (by ``id``) used in the first forward: whether every use had gradients
+        enabled. Each such parameter gets its gradient once in a backward (autograd sums
+        the uses of a leaf before accumulating it), so the first backward can reduce a unit
+        as soon as it is complete instead of holding every bucket's gradients to its end. A
+        unit used without gradients (a reentrant checkpoint segment, which accumulates
+        again in its own backward) is not predicted."""
         self.missing_at_start: Dict[int, int] = {}
         self.missing: Dict[int, int] = {}
         """Per unit that can complete early: trainable parameters still short of their
@@ -207,6 +224,8 @@ class Runtime:
         if self.native is None:
             if running and u not in self.order:
                 self.order.append(u)
+            if running:
+                self._first_use(u)
             return
         if running and self.stage3:
             if self.in_backward:
@@ -217,6 +236,11 @@ class Runtime:
             if n == 0:
                 self.gather(u)
             self.refs[u.index] = n + 1
+
+    def _first_use(self, u: Unit) -> None:
+        """Records a use of unit ``u`` in the first forward (see ``first_uses``)."""
+        grad = torch.is_grad_enabled()
+        self.first_uses[id(u)] = grad and self.first_uses.get(id(u), True)
 
     # ---- building -----------------------------------------------------------------
 
@@ -232,6 +256,11 @@ class Runtime:
         self.native = self._build(order)
         if self.on_built is not None:
             self.on_built(self.native)
+        predicted = [u for u in order if u.trainable and self.first_uses.get(id(u))]
+        if predicted and self.expected is None:
+            self.expected = {id(p.param): 1 for u in predicted for p in u.trainable}
+            self.missing_at_start = {u.index: len(u.trainable) for u in predicted}
+            self.missing = dict(self.missing_at_start)
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
@@ -419,6 +448,7 @@ class Runtime:
             for u in units:
                 if u not in self.order:
                     self.order.append(u)
+                self._first_use(u)
             return
         if not self.stage3:
             return
@@ -502,18 +532,18 @@ class Runtime:
         pid = id(param)
         n = self.arrivals.get(pid, 0)
         if self.ready.get(u.index):
+            before = "the first backward" if self.learned else "its uses in the first forward predicted"
             raise OrderError(
                 f"parameter {info.name} received its gradient {n + 1} times in this "
-                f"backward, more than the {n} of the first backward (a parameter used in "
-                "more reentrant checkpoint segments than before?); its bucket was already "
-                "reduced"
+                f"backward, more than the {n} {before} (a parameter used in more reentrant "
+                "checkpoint segments than before?); its bucket was already reduced"
             )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
         self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
         self.arrivals[pid] = n + 1
         param.grad = None
-        if self.expected is not None and n + 1 == self.expected[pid]:
+        if self.expected is not None and n + 1 == self.expected.get(pid, 0):
             left = self.missing.get(u.index)
             if left is not None:
                 self.missing[u.index] = left - 1
@@ -543,7 +573,8 @@ class Runtime:
                 self.pass_is_mine = True
             return
         try:
-            if self.expected is None:
+            if not self.learned:
+                self.learned = True
                 self.expected = {
                     id(p.param): self.arrivals.get(id(p.param), 0)
                     for u in self.order

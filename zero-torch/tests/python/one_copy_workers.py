@@ -248,3 +248,32 @@ def many(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
         fn = globals()[args.pop("task")]
         out[i] = fn(**args)
     return out
+
+
+def staging_bounds(stage: int, steps: int, global_batch: int) -> Dict[str, Any]:
+    """Gradient staging (``buckets``) and gathered parameters sampled at every gradient
+    arrival, per backward: the first backward included, they stay within a few buckets
+    (the first forward's uses say when each unit is complete)."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    m = models.build("llama", 0)
+    live = {"zero_optimization": {"stage3_max_live_parameters": 8192, "stage3_max_reuse_distance": 0}}
+    engine, _, _, _ = zero_torch.initialize(model=m, config=workers.config(stage, "fp32", 1, global_batch, extra=live))
+    per_step: List[Dict[str, int]] = []
+
+    def hook(p: torch.Tensor) -> None:
+        r = engine.memory_report()
+        cur = per_step[-1]
+        cur["buckets"] = max(cur["buckets"], r["buckets"])
+        cur["gathered"] = max(cur["gathered"], r["gathered"])
+
+    for p in m.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    for ids in models.batches(steps, global_batch, 1):
+        per_step.append({"buckets": 0, "gathered": 0})
+        engine.backward(models.loss_of(engine, models.shard(ids, rank, world)))
+        engine.step()
+    r = engine.memory_report()
+    largest = max(p.numel() for p in m.parameters())
+    return {"per_step": per_step, "whole": r["padded_numel"] * 4, "largest": largest, "end": r}

@@ -28,13 +28,29 @@ use std::sync::Arc;
 /// framework's own tensors, the views compute what the framework's own copies would.
 pub const ALIGN_BYTES: usize = 64;
 
+/// Vectors of at least this many bytes are mapped from the kernel (anonymous `mmap`), not
+/// taken from malloc's heap: the engine's long-lived buffers and stage 3's per-gather
+/// buckets then never sit among the framework's short-lived tensors in the heap, where a
+/// freed block stays resident until everything above it is freed too, and a freed one
+/// goes back to the kernel at once. Its pages are zero and cost nothing until written.
+pub const MAP_MIN_BYTES: usize = 1 << 20;
+
+/// Where an allocation came from.
+enum Memory {
+    /// malloc's heap, with this layout.
+    Heap(Layout),
+    /// An anonymous mapping of this many bytes.
+    Mapped(usize),
+}
+
 /// The elements: `len` of them from `ptr`, [`ALIGN_BYTES`]-aligned, inside an allocation
-/// of `cap` elements plus the alignment's slack that starts at `base`.
+/// of `cap` elements (plus, on the heap, the alignment's slack) that starts at `base`.
 struct Elements<T: Pod> {
     base: NonNull<u8>,
     ptr: NonNull<T>,
     len: usize,
     cap: usize,
+    memory: Memory,
 }
 
 impl<T: Pod> Elements<T> {
@@ -51,8 +67,38 @@ impl<T: Pod> Elements<T> {
     }
 
     /// `len` zero elements (all-zero bytes, which `Pod` makes a valid value: +0.0 for
-    /// the float types), from the allocator's zeroed pages.
+    /// the float types), from the allocator's zeroed pages, or a fresh mapping from
+    /// [`MAP_MIN_BYTES`] on.
     fn zeroed(len: usize) -> Self {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .expect("a host buffer larger than the address space");
+        if bytes >= MAP_MIN_BYTES {
+            // SAFETY: an anonymous private mapping of `bytes` (non-zero) readable and
+            // writable bytes at an address the kernel picks; no file, no fixed address.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                std::alloc::handle_alloc_error(Self::layout(len));
+            }
+            // A mapping is page-aligned: aligned for `T` and to ALIGN_BYTES.
+            let base = NonNull::new(raw.cast::<u8>()).unwrap_or(NonNull::dangling());
+            return Elements {
+                base,
+                ptr: base.cast::<T>(),
+                len,
+                cap: len,
+                memory: Memory::Mapped(bytes),
+            };
+        }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size (the alignment slack) and a power-of-two
         // alignment.
@@ -70,6 +116,7 @@ impl<T: Pod> Elements<T> {
             ptr,
             len,
             cap: len,
+            memory: Memory::Heap(layout),
         }
     }
 
@@ -92,9 +139,16 @@ impl<T: Pod> Elements<T> {
 
 impl<T: Pod> Drop for Elements<T> {
     fn drop(&mut self) {
-        // SAFETY: `base` was allocated with exactly this layout in `zeroed`; `Pod` elements
-        // need no drop.
-        unsafe { std::alloc::dealloc(self.base.as_ptr(), Self::layout(self.cap)) };
+        match self.memory {
+            // SAFETY: `base` was allocated with exactly this layout in `zeroed`; `Pod`
+            // elements need no drop.
+            Memory::Heap(layout) => unsafe { std::alloc::dealloc(self.base.as_ptr(), layout) },
+            // SAFETY: `base` is the start of a mapping of `bytes` made in `zeroed`, unmapped
+            // once (no reference into it outlives `self`; leases keep `self` alive).
+            Memory::Mapped(bytes) => unsafe {
+                libc::munmap(self.base.as_ptr().cast::<libc::c_void>(), bytes);
+            },
+        }
     }
 }
 
@@ -343,7 +397,8 @@ mod tests {
 
     #[test]
     fn element_zero_is_aligned_like_torch_allocations() {
-        for len in [0usize, 1, 3, 1000, 1 << 18] {
+        // From the heap, and (at MAP_MIN_BYTES and above) mapped.
+        for len in [0usize, 1, 3, 1000, 1 << 18, 1 << 20, (1 << 20) + 3] {
             let v = HostVec::<u16>::zeroed(len);
             assert_eq!(v.as_ptr() as usize % ALIGN_BYTES, 0, "zeroed({len})");
             assert!(v.iter().all(|&x| x == 0));
@@ -354,6 +409,22 @@ mod tests {
             assert_eq!(w.as_ptr() as usize % ALIGN_BYTES, 0, "new({len})");
             assert_eq!(&w[..], &raw[..]);
         }
+    }
+
+    #[test]
+    fn a_mapped_vector_is_zeroed_written_and_leased_like_any() {
+        let n = MAP_MIN_BYTES / 4 + 7;
+        let mut v = HostVec::<f32>::zeroed(n);
+        assert!(v.iter().all(|&x| x == 0.0));
+        v[n - 1] = 2.5;
+        let lease = v.lease();
+        drop(v);
+        let mut last = 0f32;
+        // SAFETY: the lease keeps the mapping's n floats alive.
+        unsafe {
+            std::ptr::copy_nonoverlapping((lease.addr() as *const f32).add(n - 1), &mut last, 1)
+        };
+        assert_eq!(last, 2.5);
     }
 
     #[test]

@@ -119,6 +119,23 @@ fn fp32_parameters_are_their_own_master_weights() {
         finals.windows(2).all(|w| w[0] == w[1]),
         "fp32 stages 0-3 give the same parameters"
     );
+    // With accumulation, fp32 whole-bucket gradients (stages 0-1) are their own
+    // accumulator; stages 2-3 accumulate their reduced partitions in fp32.
+    for stage in 0..=3u8 {
+        let cfg = config(stage, 3, 1_000_000).replace(r#""bf16": {"enabled": true},"#, "");
+        let r = run_ranks(world, &cfg, seed, |e| {
+            train_step(e, &data, 0, None).unwrap();
+            (e.memory_report(), e.grads_accumulate_in_place())
+        })[0];
+        let (report, in_place) = r;
+        let want = if stage <= 1 {
+            0
+        } else {
+            4 * report.padded_numel / world
+        };
+        assert_eq!(report.grad_accum, want, "stage {stage}: {report:?}");
+        assert_eq!(in_place, stage <= 1, "stage {stage}");
+    }
 }
 
 /// A pass that adds every module's gradients before declaring any ready (a front-end's

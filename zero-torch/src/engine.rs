@@ -260,7 +260,8 @@ impl NativeEngine {
 
     /// Puts the gradient of trainable parameter `k` of module `m` (counting trainable
     /// parameters only) into the engine: copied on its first arrival in a micro-step,
-    /// added on later ones.
+    /// added on later ones (always added where the engine accumulates micro-steps in
+    /// place).
     #[pyo3(signature = (m, k, grad, first, stream=0))]
     fn put_grad(
         &self,
@@ -271,6 +272,8 @@ impl NativeEngine {
         stream: u64,
     ) -> PyResult<()> {
         let mut guard = self.lock()?;
+        // Copy only over zeros: where the buffers accumulate micro-steps in place, add.
+        let first = first && !with_engine!(&*guard, e => e.grads_accumulate_in_place());
         let e = match &mut *guard {
             Inner::Cuda(e) => return cuda_tensors::put_grad(e, m, k, &grad, first, stream),
             Inner::Host(e) => e,

@@ -57,8 +57,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// The gradient buffer and range of trainable parameter `k` of module `m` (counting
-    /// trainable parameters only). It holds zeros at the start of a micro-step: add the
-    /// gradient in, then call [`Engine::grads_ready`].
+    /// trainable parameters only). Add the gradient in, then call [`Engine::grads_ready`]:
+    /// it holds zeros at the start of a micro-step, or, where
+    /// [`Engine::grads_accumulate_in_place`], the earlier micro-steps' sum.
     pub fn grad_buffer_mut(
         &mut self,
         m: usize,

@@ -1,7 +1,9 @@
 //! Gradients: buckets filled in backward order and reduced as soon as they are complete.
 //!
 //! - Stages 0–1 keep whole-bucket gradients and reduce at the accumulation boundary:
-//!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition.
+//!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition. 16-bit
+//!   gradients sum the micro-steps in an fp32 accumulator; fp32 ones in place (the next
+//!   micro-step adds to them), as DeepSpeed accumulates fp32 gradients in `.grad`.
 //! - Stages 2–3 reduce-scatter every micro-step from a recycled staging buffer straight
 //!   into the owned partition (`grad_shard`), accumulating into fp32 when accumulating.
 //!   The pool keeps as many staging buffers as the last micro-step had in use at once, so
@@ -182,7 +184,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let part = self.plan.buckets[b].layout.partition_len();
         let reduction = if !self.policy.shards_gradients() {
             let total = self.plan.buckets[b].layout.total_len();
-            if k > 1 {
+            if k > 1 && !self.grads_accumulate_in_place() {
                 let state = &mut self.buckets[b];
                 let (grads, accum) = (state.grads.as_mut(), state.accum.as_mut());
                 let (Some(grads), Some(accum)) = (grads, accum) else {
@@ -197,6 +199,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
                 self.dev.copy(accum, 0..total, grads, 0)?;
             } else if !boundary {
+                // (fp32 in place: the gradients stay where the next micro-step adds to them.)
                 return Ok(());
             }
             let grads = self.buckets[b]

@@ -72,7 +72,8 @@ struct BucketState<B, W2> {
     grads: Option<B>,
     /// The reduced owned partition of the gradients (stages 2–3).
     grad_shard: Option<B>,
-    /// fp32 gradient accumulator (accumulation > 1).
+    /// fp32 gradient accumulator (accumulation > 1; not in stages 0–1 with fp32 gradients,
+    /// which accumulate in `grads` itself).
     accum: Option<B>,
     /// fp32 sum of the reduced gradients of a micro-step that was reopened after its
     /// reductions (a second backward before the step), shaped like the buffer
@@ -205,6 +206,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             clamp(cfg.zero.param_persistence_threshold),
         )?;
         let accumulate = cfg.gradient_accumulation_steps > 1;
+        // fp32 whole-bucket gradients (stages 0–1) are their own fp32 accumulator.
+        let in_place = accumulate && dtype == DType::F32 && !policy.shards_gradients();
         let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
@@ -234,7 +237,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .shards_gradients()
                     .then(|| dev.zeros(dtype, part))
                     .transpose()?,
-                accum: accumulate
+                accum: (accumulate && !in_place)
                     .then(|| {
                         let len = if policy.shards_gradients() {
                             part
@@ -507,6 +510,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Micro-steps per optimizer step.
     pub fn gradient_accumulation_steps(&self) -> u64 {
         self.cfg.gradient_accumulation_steps
+    }
+
+    /// Whether the gradient buffers accumulate the micro-steps in place (fp32 gradients,
+    /// stages 0–1, accumulation > 1), so they hold the earlier micro-steps' sum when a
+    /// micro-step starts: a trainer adds its gradients in, never copies over them.
+    pub fn grads_accumulate_in_place(&self) -> bool {
+        self.cfg.gradient_accumulation_steps > 1
+            && self.dtype == DType::F32
+            && !self.policy.shards_gradients()
     }
 
     /// The current loss scale.

@@ -211,7 +211,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. fp32 parameters are
     /// their own master weights (unless offloaded), so 12 becomes 8 for p = 4: stage 0
     /// keeps 16Ψ, as DeepSpeed. Gradient accumulation adds an fp32 buffer (`grad_accum`):
-    /// 4Ψ' in stages 0–1, 4Ψ'/N in stages 2–3.
+    /// 4Ψ' in stages 0–1 (none for fp32 gradients, which accumulate in place), 4Ψ'/N in
+    /// stages 2–3.
     pub fn memory_report(&self) -> MemoryReport {
         let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);

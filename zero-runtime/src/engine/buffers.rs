@@ -42,6 +42,40 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
     }
 
+    /// Writes parameter `id`'s whole values (rounded) where this rank holds them: the
+    /// frozen buffer, its whole bucket, or (stage 3) its shards of the owned partition.
+    pub(super) fn upload_param(&mut self, id: usize, values: &[f32]) -> Result<(), EngineError> {
+        match self.plan.locs[id] {
+            ParamLoc::Frozen { offset } => self.dev.upload_f32(&mut self.frozen, offset, values),
+            ParamLoc::Bucket { bucket, index } => {
+                let layout = &self.plan.buckets[bucket].layout;
+                if self.params_sharded(bucket) {
+                    let part = layout.partition_range(self.rank)?.start;
+                    let mine: Vec<_> = layout
+                        .tensor_shards(index)?
+                        .into_iter()
+                        .filter(|s| s.rank == self.rank)
+                        .collect();
+                    for s in mine {
+                        self.upload_owned_f32(
+                            bucket,
+                            s.flat_range.start - part,
+                            &values[s.tensor_range],
+                        )?;
+                    }
+                    Ok(())
+                } else {
+                    let at = layout.tensor_range(index).start;
+                    let params = self.buckets[bucket]
+                        .params
+                        .as_mut()
+                        .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+                    self.dev.upload_f32(params, at, values)
+                }
+            }
+        }
+    }
+
     /// Every buffer that holds parameters now: each bucket's parameters (whole, or the
     /// owned partition in stage 3), stage 3's gathered buckets, and the frozen parameters.
     /// A front-end whose tensors view these (zero-torch on the CPU) checks against them

@@ -33,7 +33,7 @@ pub use step::ExternalArray;
 use crate::config::{Precision, ZeroConfig};
 use crate::device::{AdamState, Device};
 use crate::model::ModuleSpec;
-use crate::plan::{ParamLoc, Plan};
+use crate::plan::Plan;
 use crate::scaler::LossScaler;
 use crate::schedule::LrSchedule;
 use crate::EngineError;
@@ -412,37 +412,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 values.clear();
                 values.resize(spec.numel(), 0.0);
                 init(id, spec, &mut values);
-                match self.plan.locs[id] {
-                    ParamLoc::Frozen { offset } => {
-                        self.dev.upload_f32(&mut self.frozen, offset, &values)?
-                    }
-                    ParamLoc::Bucket { bucket, index } => {
-                        let plan = &self.plan.buckets[bucket];
-                        let tensor = plan.layout.tensor_range(index);
-                        if self.params_sharded(bucket) {
-                            let part = plan.layout.partition_range(self.rank)?;
-                            let mine: Vec<_> = plan
-                                .layout
-                                .tensor_shards(index)?
-                                .into_iter()
-                                .filter(|s| s.rank == self.rank)
-                                .collect();
-                            for s in mine {
-                                self.upload_owned_f32(
-                                    bucket,
-                                    s.flat_range.start - part.start,
-                                    &values[s.tensor_range],
-                                )?;
-                            }
-                        } else {
-                            let params = self.buckets[bucket]
-                                .params
-                                .as_mut()
-                                .ok_or_else(|| EngineError::Internal("params in flight".into()))?;
-                            self.dev.upload_f32(params, tensor.start, &values)?;
-                        }
-                    }
-                }
+                self.upload_param(id, &values)?;
             }
         }
         // Master weights start from the (rounded) parameters of the owned range.

@@ -5,7 +5,6 @@
 
 use super::super::Engine;
 use crate::device::Device;
-use crate::plan::ParamLoc;
 use crate::EngineError;
 use zero_comm::{Communicator, Completion};
 use zero_kernels::DType;
@@ -116,34 +115,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             by_id[*id] = Some(v);
         }
         for (id, v) in values {
-            match self.plan.locs[*id] {
-                ParamLoc::Frozen { offset } => self.dev.upload_f32(&mut self.frozen, offset, v)?,
-                ParamLoc::Bucket { bucket, index } => {
-                    let layout = &self.plan.buckets[bucket].layout;
-                    if self.params_sharded(bucket) {
-                        let part = layout.partition_range(self.rank)?.start;
-                        let mine: Vec<_> = layout
-                            .tensor_shards(index)?
-                            .into_iter()
-                            .filter(|s| s.rank == self.rank)
-                            .collect();
-                        for s in mine {
-                            self.upload_owned_f32(
-                                bucket,
-                                s.flat_range.start - part,
-                                &v[s.tensor_range],
-                            )?;
-                        }
-                    } else {
-                        let at = layout.tensor_range(index).start;
-                        let params = self.buckets[bucket]
-                            .params
-                            .as_mut()
-                            .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
-                        self.dev.upload_f32(params, at, v)?;
-                    }
-                }
-            }
+            self.upload_param(*id, v)?;
         }
         for b in 0..self.buckets.len() {
             if self.buckets[b].opt.master.is_none() {

@@ -120,7 +120,26 @@ pub struct Steps {
     pub global: u64,
 }
 
-pub use crate::scaler::{DynamicState, ScalerState};
+/// The loss scaler's state, as a checkpoint records it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScalerState {
+    /// The current scale.
+    pub scale: f64,
+    /// Dynamic scaling only: its counters.
+    pub dynamic: Option<DynamicState>,
+}
+
+/// The dynamic loss scaler's counters (the good-step count since the last overflow is
+/// `cur_iter - last_overflow_iter - 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicState {
+    /// `cur_iter`.
+    pub cur_iter: i64,
+    /// `last_overflow_iter`.
+    pub last_overflow_iter: i64,
+    /// `cur_hysteresis`.
+    pub cur_hysteresis: u64,
+}
 
 /// `DIR/TAG/manifest.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,10 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
 //! Checkpoints: the format, its files and how they are read back, independent of the
 //! engine (the engine's `save_checkpoint` / `load_checkpoint` / `save_16bit_model` and the
-//! `zero-ckpt` tool build on this).
+//! `zero-ckpt` tool build on this), and the one file I/O layer ([`io`]) checkpoints and NVMe
+//! offload share.
 //!
 //! A checkpoint is a folder `DIR/TAG/` of safetensors files and a JSON manifest:
 //!
@@ -23,6 +27,7 @@
 mod error;
 pub mod export;
 pub mod format;
+pub mod io;
 pub mod resolve;
 
 pub use error::CheckpointError;

@@ -1,4 +1,4 @@
-//! The one file I/O layer of the runtime: aligned, direct (`O_DIRECT`) where the file
+//! The one file I/O layer of zero: aligned, direct (`O_DIRECT`) where the file
 //! system allows it, checksummed while the bytes pass, and crash-safe. Checkpoints and
 //! NVMe offload both use it.
 //!

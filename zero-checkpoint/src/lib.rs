@@ -27,6 +27,7 @@
 mod error;
 pub mod export;
 pub mod format;
+pub mod hf;
 pub mod io;
 pub mod resolve;
 

@@ -15,8 +15,8 @@ pub use config::{ConfigError, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
 pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{
-    CommCounters, CommReport, Engine, ExternalArray, ExternalPiece, ImportedParam, ImportedState,
-    MemoryReport, StagePolicy, StatePiece, StepOutcome, TierBytes, Timings,
+    CommCounters, CommReport, Engine, ExternalArray, ExternalPiece, HfLoadOptions, ImportedParam,
+    ImportedState, MemoryReport, StagePolicy, StatePiece, StepOutcome, TierBytes, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

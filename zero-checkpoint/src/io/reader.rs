@@ -93,9 +93,11 @@ impl Source {
 
 type Reply = Result<Window, (AlignedBuf, IoError)>;
 
-/// Reads ranges of one file. Each range is read as the whole [`CHUNK`]s that hold it,
-/// and every chunk is checked against the CRC-32C recorded when the file was written
-/// (where one is given), so a damaged byte in anything read is an error naming the file.
+/// Reads ranges of one file. With the CRC-32Cs recorded when the file was written, each
+/// range is read as the whole [`CHUNK`]s that hold it and every chunk is checked, so a
+/// damaged byte in anything read is an error naming the file; without them (a file zero
+/// did not write), as the whole [`ALIGN`]-byte blocks that hold it, so little more than
+/// the range is read.
 /// The chunks last read stay in the buffer, so ranges asked for in order share them.
 ///
 /// The buffer is two windows: while the caller consumes one, an I/O thread reads and
@@ -104,6 +106,8 @@ type Reply = Result<Window, (AlignedBuf, IoError)>;
 #[derive(Debug)]
 pub struct RangeReader {
     src: Arc<Source>,
+    /// What a read is rounded out to: a checksummed chunk, or an aligned block.
+    granule: u64,
     window: usize,
     cur: Option<Window>,
     spare: Option<AlignedBuf>,
@@ -173,8 +177,14 @@ impl RangeReader {
                 })
                 .map_err(os("starting the I/O thread for", path))?
         };
+        let granule = if src.chunk_crcs.is_some() {
+            CHUNK
+        } else {
+            ALIGN
+        } as u64;
         Ok(Self {
             src,
+            granule,
             window: chunks * CHUNK,
             cur: None,
             spare: Some(AlignedBuf::new(chunks * CHUNK)),
@@ -244,7 +254,7 @@ impl RangeReader {
     /// The window starting at `first` and as long as the window size, the range's end and
     /// the file allow.
     fn span(&self, first: u64, end: u64) -> usize {
-        let last = end.div_ceil(CHUNK as u64) * CHUNK as u64;
+        let last = end.div_ceil(self.granule) * self.granule;
         (self.window as u64)
             .min(last - first)
             .min(self.src.len - first) as usize
@@ -253,7 +263,7 @@ impl RangeReader {
     /// Makes the window holding `pos` current: the one read ahead, or one read now (up to
     /// `end`, the end of the range being read).
     fn load(&mut self, pos: u64, end: u64) -> Result<(), IoError> {
-        let first = pos / CHUNK as u64 * CHUNK as u64;
+        let first = pos / self.granule * self.granule;
         if let Some(at) = self.ahead {
             let w = self.wait_ahead()?;
             if at == first {
@@ -342,6 +352,33 @@ impl Drop for RangeReader {
 mod tests {
     use super::*;
     use crate::io::FileWriter;
+
+    #[test]
+    fn without_checksums_a_range_costs_its_aligned_blocks_only() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("plain");
+        let data: Vec<u8> = (0..3 * CHUNK + 123).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let mut r = RangeReader::open(&path, data.len() as u64, None, 2 * CHUNK).unwrap();
+        let block = ALIGN as u64;
+        // Inside one block; across two blocks; the file's tail.
+        for (s, l, blocks) in [
+            (10u64, 20u64, 1u64),
+            (5 * block - 8, 16, 2),
+            (data.len() as u64 - 100, 100, 1),
+        ] {
+            let before = r.stats().read;
+            let mut got = Vec::new();
+            r.read(s, l, |_, b| {
+                got.extend_from_slice(b);
+                Ok::<(), IoError>(())
+            })
+            .unwrap();
+            assert_eq!(got, &data[s as usize..(s + l) as usize]);
+            let cost = r.stats().read - before;
+            assert!(cost <= blocks * block, "{s}+{l}: read {cost} bytes");
+        }
+    }
 
     #[test]
     fn ranges_come_back_verified_and_counted() {

@@ -26,30 +26,30 @@ use zero_comm::Communicator;
 use zero_kernels::DType;
 
 /// What a rank read, held aside until every rank has read successfully.
-struct Staged<B> {
+pub(super) struct Staged<B> {
     /// New optimizer state per bucket.
-    opt: Vec<AdamState<B>>,
+    pub(super) opt: Vec<AdamState<B>>,
     /// Frozen parameters from the checkpoint: (offset in the frozen buffer, values).
-    frozen: Vec<(usize, Vec<f32>)>,
+    pub(super) frozen: Vec<(usize, Vec<f32>)>,
     /// The new offloaded state, when the state lives off the device.
-    offload: Option<Staging>,
-    resume: Resume,
+    pub(super) offload: Option<Staging>,
+    pub(super) resume: Resume,
 }
 
 /// Where the run continues from: counters, loss scaler, schedule, client state.
-struct Resume {
-    steps: crate::checkpoint::format::Steps,
+pub(super) struct Resume {
+    pub(super) steps: crate::checkpoint::format::Steps,
     /// The loss scaler's state, where it is of this run's precision.
-    scaler: Option<crate::scaler::ScalerState>,
-    lr_last_batch_iteration: Option<i64>,
-    client_state: serde_json::Value,
+    pub(super) scaler: Option<crate::scaler::ScalerState>,
+    pub(super) lr_last_batch_iteration: Option<i64>,
+    pub(super) client_state: serde_json::Value,
 }
 
 /// Where a source hands its values: (offset in the range asked for, values).
-type Sink<'a> = &'a mut dyn FnMut(usize, &[f32]) -> Result<(), CheckpointError>;
+pub(super) type Sink<'a> = &'a mut dyn FnMut(usize, &[f32]) -> Result<(), CheckpointError>;
 
 /// Where a load's values come from: a checkpoint's files, or values a front-end read.
-trait Source {
+pub(super) trait Source {
     /// Whether parameter `id` has values here (else it keeps its current ones).
     fn has(&self, id: usize) -> bool;
     /// Elements `range` of trainable parameter `id`'s array `kind`, handed to `sink` as
@@ -320,7 +320,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// holds (moments too with `moments`; without, they start from zero), the frozen
     /// parameters, and the offloaded state. Parameters `src` lacks keep their values.
     #[allow(clippy::type_complexity)]
-    fn stage_from(
+    pub(super) fn stage_from(
         &mut self,
         src: &mut dyn Source,
         moments: bool,
@@ -455,14 +455,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// A load another rank failed: drops what this rank staged.
-    fn discard(&mut self, staged: Staged<C::Buffer>) {
+    pub(super) fn discard(&mut self, staged: Staged<C::Buffer>) {
         if let (Some(st), Some(off)) = (staged.offload, self.offload.as_mut()) {
             off.abandon(st);
         }
     }
 
     /// Step 3: takes the new state.
-    fn apply(
+    pub(super) fn apply(
         &mut self,
         staged: Staged<C::Buffer>,
         options: LoadOptions,

@@ -7,11 +7,13 @@
 //! calls makes the others fail by the communicator's timeout.
 
 mod agree;
+mod hf_load;
 mod load;
 mod model16;
 mod save;
 mod set;
 
+pub use hf_load::HfLoadOptions;
 pub use load::{ImportedParam, ImportedState};
 
 use super::Engine;

@@ -25,8 +25,10 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 pub struct HfTensor {
     /// Index into the checkpoint's files.
     pub file: usize,
-    /// Its element type.
-    pub dtype: DType,
+    /// Its element type, where it is one zero reads as weights (F32, F16, BF16).
+    pub dtype: Option<DType>,
+    /// Its element type as the file names it (`I64` for an integer buffer, say).
+    pub stored: String,
     /// Its shape.
     pub shape: Vec<usize>,
     /// Its bytes in the file.
@@ -146,15 +148,8 @@ impl HfCheckpoint {
             header_bytes += 8 + n;
             let index = parse_safetensors_header(&header, len, &shown)?;
             for (tensor, (bytes, info)) in index.tensors {
-                let dtype = parse_dtype(&format!("{:?}", info.dtype)).ok_or_else(|| {
-                    format_error(
-                        &path,
-                        format!(
-                            "tensor `{tensor}` is {:?}: zero reads F32, F16 and BF16 weights",
-                            info.dtype
-                        ),
-                    )
-                })?;
+                let stored = format!("{:?}", info.dtype);
+                let dtype = parse_dtype(&stored);
                 if let Some(listed) = &listed {
                     if listed.get(&tensor).is_some_and(|f| f != name) {
                         return Err(format_error(
@@ -171,6 +166,7 @@ impl HfCheckpoint {
                     HfTensor {
                         file: i,
                         dtype,
+                        stored,
                         shape: info.shape.clone(),
                         bytes,
                     },
@@ -236,10 +232,18 @@ impl HfCheckpoint {
                 ),
             ));
         }
-        let size = t.dtype.size_of() as u64;
+        let dtype = t.dtype.ok_or_else(|| {
+            format_error(
+                &self.files[t.file].0,
+                format!(
+                    "tensor `{name}` is {}: zero reads F32, F16 and BF16 weights",
+                    t.stored
+                ),
+            )
+        })?;
+        let size = dtype.size_of() as u64;
         let start = t.bytes.start + elems.start as u64 * size;
         let len = elems.len() as u64 * size;
-        let dtype = t.dtype;
         // Pieces may split an element: carry its first bytes over.
         let mut pending: Vec<u8> = Vec::new();
         let mut done = 0usize;
@@ -254,6 +258,27 @@ impl HfCheckpoint {
         })?;
         self.elapsed += t0.elapsed();
         Ok(())
+    }
+
+    /// Tensor `name`'s bytes, whole, whatever its element type (a buffer's, say).
+    pub fn read_raw(&mut self, name: &str) -> Result<Vec<u8>, CheckpointError> {
+        let t0 = Instant::now();
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| CheckpointError::NotFound {
+                path: self.dir.display().to_string(),
+                reason: format!("no tensor `{name}`"),
+            })?;
+        let mut out = Vec::with_capacity((t.bytes.end - t.bytes.start) as usize);
+        self.files[t.file]
+            .1
+            .read(t.bytes.start, t.bytes.end - t.bytes.start, |_, b| {
+                out.extend_from_slice(b);
+                Ok::<(), CheckpointError>(())
+            })?;
+        self.elapsed += t0.elapsed();
+        Ok(out)
     }
 
     /// What reading cost so far.
@@ -383,12 +408,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(SINGLE_FILE), "{err}");
-        // A dtype zero does not read.
-        write(&path, &[("ids", Dtype::I32, vec![4], vec![0u8; 16])]);
-        let err = HfCheckpoint::open(d.path(), 1 << 20)
+        // A dtype zero does not read as weights: listed, read raw, refused as f32.
+        let raw: Vec<u8> = (1..=16).collect();
+        write(&path, &[("ids", Dtype::I32, vec![4], raw.clone())]);
+        let mut ck = HfCheckpoint::open(d.path(), 1 << 20).unwrap();
+        assert_eq!(ck.tensors()["ids"].stored, "I32");
+        assert_eq!(ck.read_raw("ids").unwrap(), raw);
+        let err = ck
+            .read_f32("ids", 0..4, &mut [0.0; 4])
             .unwrap_err()
             .to_string();
         assert!(err.contains("`ids`") && err.contains("I32"), "{err}");
+        drop(ck);
         // An index naming a missing shard, and one placing a tensor in the wrong file.
         std::fs::remove_file(&path).unwrap();
         write(

@@ -69,3 +69,34 @@ pub fn read_client_state(checkpoint_dir: PathBuf, tag: Option<String>) -> PyResu
         .map_err(|e| CheckpointError::new_err(e.to_string()))?;
     Ok(ckpt.manifest.client_state.to_string())
 }
+
+/// One tensor of a Hugging Face checkpoint read whole: its name, its element type as the
+/// file names it (`F32`, `I64`, ...), its shape, and its little-endian bytes.
+type RawTensor<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);
+
+/// Tensors `names` of the Hugging Face checkpoint in `path`, whole and as stored (the
+/// model's buffers, which the engine does not hold).
+#[pyfunction]
+pub fn read_hf_tensors<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    names: Vec<String>,
+) -> PyResult<Vec<RawTensor<'py>>> {
+    use zero_runtime::checkpoint::hf::HfCheckpoint;
+    let err = |e: zero_runtime::CheckpointError| CheckpointError::new_err(e.to_string());
+    let read: Vec<(String, String, Vec<usize>, Vec<u8>)> = py.detach(|| {
+        let mut ck = HfCheckpoint::open(&path, 1 << 20).map_err(err)?;
+        names
+            .iter()
+            .map(|n| {
+                let bytes = ck.read_raw(n).map_err(err)?;
+                let t = &ck.tensors()[n];
+                Ok((n.clone(), t.stored.clone(), t.shape.clone(), bytes))
+            })
+            .collect::<PyResult<Vec<_>>>()
+    })?;
+    Ok(read
+        .into_iter()
+        .map(|(n, d, s, b)| (n, d, s, PyBytes::new(py, &b)))
+        .collect())
+}

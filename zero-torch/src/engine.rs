@@ -613,6 +613,34 @@ impl NativeEngine {
         Ok(client.to_string())
     }
 
+    /// Loads the Hugging Face checkpoint in `path` (every rank calls it; each reads only
+    /// the byte ranges of what it holds): its tensors by Hugging Face's names (`prefix`:
+    /// the model's base prefix, either way). With `strict`, every parameter must be there
+    /// and every other tensor in `ignore` (the model's buffers). Returns what this rank
+    /// read (`requested`, `read`, `files`, `seconds`) and the tensors no parameter took.
+    #[pyo3(signature = (path, strict=true, prefix=None, ignore=Vec::new()))]
+    fn load_hf_checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        path: PathBuf,
+        strict: bool,
+        prefix: Option<String>,
+        ignore: Vec<String>,
+    ) -> PyResult<(Bound<'py, PyDict>, Vec<String>)> {
+        let options = zero_runtime::HfLoadOptions {
+            strict,
+            prefix,
+            ignore,
+        };
+        let (stats, left) = detached!(self, py, e => e.load_hf_checkpoint(&path, &options))?;
+        let d = PyDict::new(py);
+        d.set_item("requested", stats.requested)?;
+        d.set_item("read", stats.read)?;
+        d.set_item("files", stats.files)?;
+        d.set_item("seconds", stats.elapsed.as_secs_f64())?;
+        Ok((d, left))
+    }
+
     /// Writes the 16-bit model as Hugging Face safetensors into `save_dir` (rank 0 writes;
     /// every rank calls it); returns the files written.
     fn save_16bit_model(&self, py: Python<'_>, save_dir: PathBuf) -> PyResult<Vec<String>> {

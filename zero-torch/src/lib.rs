@@ -21,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_fp32_state, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_client_state, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::read_hf_tensors, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -13,6 +13,7 @@ import torch
 from . import _hooks, _native
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
+from ._hf import HfCheckpointMethods
 from ._hooks import Runtime
 from ._model import Registry, Unit, register
 from ._optim import Driver, Plan
@@ -21,7 +22,7 @@ from .errors import ConfigError, OrderError, UnsupportedError
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class ZeroEngine(CheckpointMethods, DeepSpeedEngineAPI):
+class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
     """A model trained by zero's engine, with DeepSpeed's engine API.
 
     Call it as the model (``engine(batch)``), then ``engine.backward(loss)`` and

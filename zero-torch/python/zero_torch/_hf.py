@@ -1,0 +1,120 @@
+"""The engine's Hugging Face checkpoint loading: a ``save_pretrained`` folder's weights into a
+running engine, each rank reading only the byte ranges of the parameters it holds (the
+Rust side parses the safetensors headers and reads the ranges), the model's buffers read
+whole on every rank."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+
+from . import _native
+from .errors import CheckpointError
+
+PathLike = Union[str, os.PathLike]
+
+_STORED = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+"""safetensors' element type names as torch dtypes."""
+
+
+def _peak_rss() -> int:
+    """This process's peak resident bytes (``VmHWM``), 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class HfCheckpointMethods:
+    """``load_hf_checkpoint`` and ``load_report`` (mixed into the engine)."""
+
+    _load_report: Optional[Dict[str, Any]] = None
+
+    def load_hf_checkpoint(self, path: PathLike, strict: bool = True) -> None:
+        """Loads the weights of the Hugging Face checkpoint in ``path`` (``config.json``
+        beside ``model.safetensors``, or shards with ``model.safetensors.index.json``, as
+        ``save_pretrained`` writes them) into the engine. Every rank calls it, between
+        optimizer steps; each reads only the byte ranges of what it holds (its partition of
+        each bucket in stages 1-3, whole persistent and frozen parameters), widened from the
+        file's dtype and rounded once to the engine's. Names follow transformers: tied
+        weights stored once, and a checkpoint saved with or without the model's base prefix
+        (``model.``) loads either way. The model's persistent buffers are read whole. The
+        fp32 master weights take the file's values; the optimizer's moments start again.
+
+        With ``strict`` (the default) a parameter missing from the checkpoint, or a tensor of
+        it that is neither a parameter nor a buffer, is an error; so is a wrong shape, or a
+        damaged or missing file. Any error on any rank raises
+        :class:`~zero_torch.CheckpointError` on every rank, naming the tensor and the file,
+        and nothing changes. ``load_report()`` then says what this rank read."""
+        rt = self._runtime  # type: ignore[attr-defined]
+        rt.ensure_built()
+        rt.sync_user_changes()
+        t0 = time.perf_counter()
+        model: torch.nn.Module = self.module  # type: ignore[attr-defined]
+        prefix = getattr(model, "base_model_prefix", "") or None
+        persistent = set(model.state_dict().keys())
+        buffers = {n: b for n, b in model.named_buffers() if n in persistent}
+        stats, left = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers))
+        read_buffers = self._load_hf_buffers(os.fspath(path), left, buffers, prefix)
+        rt.write_back()
+        self._load_report = {
+            "bytes_requested": int(stats["requested"]),
+            "bytes_read": int(stats["read"]),
+            "files_opened": int(stats["files"]),
+            "buffers": read_buffers,
+            "seconds": time.perf_counter() - t0,
+            "peak_rss": _peak_rss(),
+        }
+
+    @staticmethod
+    def _load_hf_buffers(path: str, left: List[str], buffers: Dict[str, torch.Tensor], prefix: Optional[str]) -> int:
+        """Copies the checkpoint's tensors that are buffers of the model (by name, with or
+        without the base prefix) into them; returns how many."""
+        def candidates(name: str) -> List[str]:
+            out = [name]
+            if prefix:
+                out.append(f"{prefix}.{name}")
+                if name.startswith(prefix + "."):
+                    out.append(name[len(prefix) + 1:])
+            return out
+
+        wanted = {}
+        for name in buffers:
+            for key in candidates(name):
+                if key in left:
+                    wanted[key] = name
+                    break
+        if not wanted:
+            return 0
+        for key, stored, shape, raw in _native.read_hf_tensors(path, list(wanted)):
+            dtype = _STORED.get(stored)
+            if dtype is None:
+                raise CheckpointError(f"{path}: buffer `{key}` is {stored}, which zero_torch does not read")
+            value = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape) if raw else torch.empty(shape, dtype=dtype)
+            target = buffers[wanted[key]]
+            if tuple(target.shape) != tuple(shape):
+                raise CheckpointError(
+                    f"{path}: buffer `{key}` has shape {tuple(shape)} in the checkpoint and "
+                    f"{tuple(target.shape)} in the model"
+                )
+            with torch.no_grad():
+                target.copy_(value)
+        return len(wanted)
+
+    def load_report(self) -> Optional[Dict[str, Any]]:
+        """What the last ``load_hf_checkpoint`` cost this rank: ``bytes_requested`` (the
+        tensor bytes it needed), ``bytes_read`` (from the files, in whole 4 KiB blocks,
+        headers included), ``files_opened``, ``buffers`` read, ``seconds``, and this
+        process's ``peak_rss`` so far (``VmHWM``). ``None`` before any load."""
+        return None if self._load_report is None else dict(self._load_report)

@@ -2,6 +2,9 @@
 # from PyPI, each in its own folder under target/, reusing pip's cache. Nothing is put on
 # the library path.
 
+# A clean clone builds once: incremental caches would only take disk (gigabytes of it).
+export CARGO_INCREMENTAL=0
+
 # PyTorch, transformers, DeepSpeed (built from its sdist; its ops are not built until a
 # test asks), ninja (DeepSpeed's JIT needs it), pytest and maturin, pinned, for
 # zero-torch's tests and the launcher (torchrun): one folder, target/py-torch.

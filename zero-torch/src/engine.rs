@@ -647,6 +647,25 @@ impl NativeEngine {
         let files = detached!(self, py, e => e.save_16bit_model(&save_dir))?;
         Ok(files.iter().map(|f| f.path.display().to_string()).collect())
     }
+
+    /// Writes the weights as Hugging Face safetensors shards of at most `max_shard_bytes`
+    /// into `save_dir`, in `dtype` ("fp32", "bf16", "fp16"; rank 0 writes, every rank
+    /// calls it); returns the files written.
+    fn save_hf_weights(
+        &self,
+        py: Python<'_>,
+        save_dir: PathBuf,
+        max_shard_bytes: u64,
+        dtype: &str,
+    ) -> PyResult<Vec<String>> {
+        let dtype = zero_runtime::checkpoint::export::parse_dtype_arg(dtype).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "dtype {dtype:?}: the weights are saved as fp32, bf16 or fp16"
+            ))
+        })?;
+        let files = detached!(self, py, e => e.save_hf_weights(&save_dir, max_shard_bytes, dtype))?;
+        Ok(files.iter().map(|f| f.path.display().to_string()).collect())
+    }
 }
 
 /// A step's outcome as a dict: `skipped`, `grad_norm`, `loss_scale`, `lr`.

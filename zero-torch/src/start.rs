@@ -56,8 +56,10 @@ pub fn launch_env() -> PyResult<LaunchEnv> {
     Ok(LaunchEnv::local(0, 1, port))
 }
 
-/// The engine's modules, and the tensors holding every parameter's initial value (in
-/// registration order; CPU tensors, whatever the device).
+/// The engine's modules, and where every parameter's initial value comes from (in
+/// registration order): a CPU tensor, whatever the device, or a callable returning one
+/// when the engine reaches that parameter (zero.Init's unit-by-unit fill), or `None` (the
+/// parameter stays zero: a checkpoint loaded right after the build fills it).
 pub struct Model<'a, 'py> {
     specs: Vec<ModuleSpec>,
     tensors: Vec<&'a Bound<'py, PyAny>>,
@@ -86,10 +88,12 @@ impl<'a, 'py> Model<'a, 'py> {
             let mut ps = Vec::with_capacity(params.len());
             for ((pname, shape, trainable, aliases, group), t) in params.into_iter().zip(vals) {
                 let numel: usize = shape.iter().product();
-                let have = tensors::numel(t)?;
-                same_count(numel, have, || {
-                    format!("{name}.{pname}: shape {shape:?} but {have} values")
-                })?;
+                if !t.is_callable() {
+                    let have = tensors::numel(t)?;
+                    same_count(numel, have, || {
+                        format!("{name}.{pname}: shape {shape:?} but {have} values")
+                    })?;
+                }
                 tensors.push(t);
                 let spec = if trainable {
                     ParamSpec::new(pname, &shape)
@@ -114,9 +118,9 @@ impl<'a, 'py> Model<'a, 'py> {
     {
         let Model { specs, tensors } = self;
         let mut failed: Option<PyErr> = None;
-        let engine = Engine::new(cfg, specs, comm, dev, |id, _, out| {
+        let engine = Engine::new(cfg, specs, comm, dev, |id, spec, out| {
             if failed.is_none() {
-                if let Err(e) = tensors::read_f32_into(tensors[id], out) {
+                if let Err(e) = read_initial(tensors[id], spec, out) {
                     failed = Some(e);
                 }
             }
@@ -126,6 +130,26 @@ impl<'a, 'py> Model<'a, 'py> {
         }
         engine.map_err(to_py)
     }
+}
+
+/// One parameter's initial value into `out`: the tensor's, or what the callable returns
+/// (nothing for `None`: `out` stays zero).
+fn read_initial(source: &Bound<'_, PyAny>, spec: &ParamSpec, out: &mut [f32]) -> PyResult<()> {
+    if !source.is_callable() {
+        return tensors::read_f32_into(source, out);
+    }
+    let value = source.call0()?;
+    if value.is_none() {
+        return Ok(());
+    }
+    let have = tensors::numel(&value)?;
+    same_count(out.len(), have, || {
+        format!(
+            "the fill of `{}` gave {have} values for shape {:?}",
+            spec.name, spec.shape
+        )
+    })?;
+    tensors::read_f32_into(&value, out)
 }
 
 /// A `ValueError` with `message` unless `a == b`.

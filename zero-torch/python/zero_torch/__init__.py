@@ -32,12 +32,14 @@ from .errors import (
     ZeroError,
 )
 from .initialize import add_config_arguments, initialize
+from .pretrained import from_pretrained
 
 DeepSpeedEngine = ZeroEngine
 """DeepSpeed's name for the engine class (``isinstance(engine, deepspeed.DeepSpeedEngine)``)."""
 
 __all__ = [
     "initialize",
+    "from_pretrained",
     "init_distributed",
     "add_config_arguments",
     "ZeroEngine",

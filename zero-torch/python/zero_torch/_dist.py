@@ -191,6 +191,15 @@ def agree_rendezvous_port() -> Optional[int]:
     return box[0]
 
 
+def broadcast_text(text: str) -> str:
+    """Rank 0's ``text`` on every rank (itself in a world of one)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return text
+    box: List[str] = [text]
+    dist.broadcast_object_list(box, src=0, device=_object_device())
+    return box[0]
+
+
 def _object_device() -> Optional[torch.device]:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -204,7 +213,9 @@ def broadcast_model(module: torch.nn.Module) -> None:
     into one buffer each."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    tensors = [p.data for p in module.parameters()] + [b for b in module.buffers()]
+    # zero.Init's placeholders hold no values: their fill is the same on every rank.
+    tensors = [p.data for p in module.parameters() if getattr(p, "_zero_lazy", None) is None]
+    tensors += [b for b in module.buffers()]
     seen = set()
     groups: dict = {}
     for t in tensors:

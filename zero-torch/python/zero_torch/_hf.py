@@ -5,7 +5,9 @@ whole on every rank."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 import time
 from typing import Any, Dict, List, Optional, Union
 
@@ -22,6 +24,60 @@ _STORED = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }
 """safetensors' element type names as torch dtypes."""
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _shard_bytes(size: Union[int, str]) -> int:
+    """A shard size as transformers reads it (``"5GB"`` = 5e9 bytes, ``"5GiB"`` = 5 x
+    2**30, or an int of bytes)."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if isinstance(size, str):
+        text = size.strip().upper()
+        for unit in sorted(_UNITS, key=len, reverse=True):
+            if text.endswith(unit):
+                number = text[: -len(unit)].strip()
+                try:
+                    value = float(number) * _UNITS[unit]
+                except ValueError:
+                    break
+                if value > 0:
+                    return int(value)
+                break
+    raise ValueError(f"max_shard_size={size!r}: give a positive number of bytes or a size such as \"5GB\"")
+
+
+def _remove(path: str) -> None:
+    """Removes a file or folder left at ``path``, if any."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _commit_folder(staging: str, target: str) -> None:
+    """Puts the finished folder ``staging`` at ``target`` in one step: a rename where
+    nothing is there, else an atomic exchange (``renameat2(RENAME_EXCHANGE)``; two renames
+    where the kernel lacks it), then removes the old folder."""
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    exchange = getattr(libc, "renameat2", None)
+    at_fdcwd, rename_exchange = -100, 2
+    if exchange is not None and exchange(at_fdcwd, staging.encode(), at_fdcwd, target.encode(), rename_exchange) == 0:
+        _remove(staging)  # now the old folder
+        return
+    aside = target + ".zt-old"
+    _remove(aside)
+    os.rename(target, aside)
+    os.rename(staging, target)
+    _remove(aside)
 
 
 def _peak_rss() -> int:
@@ -111,6 +167,53 @@ class HfCheckpointMethods:
             with torch.no_grad():
                 target.copy_(value)
         return len(wanted)
+
+    def save_hf_checkpoint(self, path: PathLike, max_shard_size: Union[int, str] = "5GB",
+                           dtype: Optional[torch.dtype] = None) -> None:
+        """Writes the model as a Hugging Face folder that ``from_pretrained`` (transformers'
+        or zero_torch's) and Python's ``safetensors`` read: ``config.json`` (the model's
+        ``config``, where it has one), ``model-0000k-of-0000n.safetensors`` shards of at
+        most ``max_shard_size`` (bytes, or a string as transformers takes it: ``"5GB"``,
+        ``"500MiB"``) and ``model.safetensors.index.json``. Each parameter is whole, in
+        ``dtype`` (default: the run's dtype; ``torch.float32`` widens the parameters'
+        values), tied weights under each of their names. Every rank calls it: the ranks
+        gather one bucket at a time and rank 0 writes, so no rank holds the model.
+
+        The folder appears whole or not at all: the files go to ``path`` + ``.zt-saving``
+        first and replace ``path`` in one rename (an exchange where the kernel has
+        ``renameat2``). Any rank's failure raises on every rank and leaves an earlier
+        ``path`` as it was."""
+        from . import _dist
+
+        rt = self._runtime  # type: ignore[attr-defined]
+        rt.ensure_built()
+        rt.sync_user_changes()
+        target = os.path.abspath(os.fspath(path))
+        staging = target + ".zt-saving"
+        limit = _shard_bytes(max_shard_size)
+        name = _DTYPE_NAMES.get(dtype if dtype is not None else self._dtype)  # type: ignore[attr-defined]
+        if name is None:
+            raise ValueError(f"save_hf_checkpoint(dtype={dtype}): the weights are saved as float32, bfloat16 or float16")
+        rank = self.global_rank  # type: ignore[attr-defined]
+        if rank == 0:
+            _remove(staging)
+        rt.native.save_hf_weights(staging, limit, name)
+        failure = ""
+        if rank == 0:
+            try:
+                config = getattr(self.module, "config", None)  # type: ignore[attr-defined]
+                if config is not None and hasattr(config, "save_pretrained"):
+                    config.save_pretrained(staging)
+                generation = getattr(self.module, "generation_config", None)  # type: ignore[attr-defined]
+                if generation is not None and hasattr(generation, "save_pretrained"):
+                    generation.save_pretrained(staging)
+                _commit_folder(staging, target)
+            except Exception as e:  # every rank must hear of it
+                failure = f"rank 0 could not finish {target}: {type(e).__name__}: {e}"
+                _remove(staging)
+        failure = _dist.broadcast_text(failure)
+        if failure:
+            raise CheckpointError(failure)
 
     def load_report(self) -> Optional[Dict[str, Any]]:
         """What the last ``load_hf_checkpoint`` cost this rank: ``bytes_requested`` (the

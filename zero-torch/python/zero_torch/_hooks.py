@@ -45,7 +45,7 @@ import torch
 
 from . import _access
 from ._model import Param, Registry, Unit
-from .errors import OrderError, UnsupportedError
+from .errors import OrderError, UnsupportedError, ZeroError
 
 
 def _tensors_in(obj: Any) -> List[torch.Tensor]:
@@ -167,6 +167,12 @@ class Runtime:
         self.pass_is_mine = True
         """Whether the backward under way is this engine's (see ``_BACKWARD_OWNER``)."""
         self.on_built: Optional[Callable[[Any], None]] = None
+        self.after_built: Optional[Callable[[], None]] = None
+        """Called once the engine is built and its parameters placed (zero.Init's
+        checkpoint load)."""
+        self.failed: Optional[BaseException] = None
+        """Why filling the built engine failed: it is unusable (nothing trains on partly
+        filled parameters)."""
         """Called with the native engine once it is built."""
         self.stack: List[torch.nn.Module] = []
         """Modules whose forward is running (innermost last): a parameter read during a
@@ -237,6 +243,15 @@ class Runtime:
                 self.gather(u)
             self.refs[u.index] = n + 1
 
+    def _predict(self) -> None:
+        """Each trainable parameter of a unit the first forward used (only with gradients
+        enabled) expects one gradient in the first backward (see ``first_uses``)."""
+        predicted = [u for u in self.order if u.trainable and self.first_uses.get(id(u))]
+        if predicted and self.expected is None:
+            self.expected = {id(p.param): 1 for u in predicted for p in u.trainable}
+            self.missing_at_start = {u.index: len(u.trainable) for u in predicted}
+            self.missing = dict(self.missing_at_start)
+
     def _first_use(self, u: Unit) -> None:
         """Records a use of unit ``u`` in the first forward (see ``first_uses``)."""
         grad = torch.is_grad_enabled()
@@ -246,6 +261,8 @@ class Runtime:
 
     def ensure_built(self) -> None:
         """Builds the engine now (units never used so far follow in definition order)."""
+        if self.failed is not None:
+            raise ZeroError(f"the engine's parameters could not be filled, so it cannot train: {self.failed}")
         if self.native is not None:
             return
         seen = {id(u) for u in self.order}
@@ -256,11 +273,7 @@ class Runtime:
         self.native = self._build(order)
         if self.on_built is not None:
             self.on_built(self.native)
-        predicted = [u for u in order if u.trainable and self.first_uses.get(id(u))]
-        if predicted and self.expected is None:
-            self.expected = {id(p.param): 1 for u in predicted for p in u.trainable}
-            self.missing_at_start = {u.index: len(u.trainable) for u in predicted}
-            self.missing = dict(self.missing_at_start)
+        self._predict()
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
@@ -279,6 +292,12 @@ class Runtime:
             for u in order:
                 self._drop(u)
         self.ready = {u.index: False for u in order}
+        if self.after_built is not None:
+            try:
+                self.after_built()
+            except BaseException as e:
+                self.failed = e
+                raise
 
     # ---- storage ------------------------------------------------------------------
 
@@ -436,6 +455,13 @@ class Runtime:
     def _root_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self.native is None:
             self.ensure_built()
+        elif self.expected is None and not self.learned:
+            # Built before its first forward (zero.Init): predict from this one, a
+            # forward without gradients predicts nothing.
+            if torch.is_grad_enabled():
+                self._predict()
+            else:
+                self.first_uses.clear()
         if not torch.is_grad_enabled():
             self.native.abandon_pass()
             self.backward_ran = True
@@ -450,6 +476,9 @@ class Runtime:
                     self.order.append(u)
                 self._first_use(u)
             return
+        if self.expected is None and not self.learned:
+            for u in units:
+                self._first_use(u)
         if not self.stage3:
             return
         for u in units:

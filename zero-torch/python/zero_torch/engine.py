@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _hooks, _native
+from . import _hooks, _lazy_init, _native
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hf import HfCheckpointMethods
@@ -59,11 +59,20 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         """Where the model trains: ``cuda:<n>`` (the local rank's GPU, NCCL) or ``cpu``."""
         # As DeepSpeed 0.19.8 casts (`_cast_module_mixed_precision`): the parameters to the
         # 16-bit dtype; buffers keep theirs (rotary frequencies, BatchNorm statistics).
+        lazy = [p for p in model.parameters() if _lazy_init.spec_of(p) is not None]
+        if lazy and self.device.type != "cpu":
+            raise UnsupportedError(
+                "a model built inside zero.Init without its parameters trains on the CPU engine for now: "
+                "on a GPU build it whole (zero.Init(seed=None)) or load it with from_pretrained on the CPU"
+            )
         model.to(device=self.device)
         if self._dtype != torch.float32:
             for p in model.parameters():
                 if p.is_floating_point() and p.dtype != self._dtype:
-                    p.data = p.data.to(self._dtype)
+                    if _lazy_init.spec_of(p) is not None:
+                        _lazy_init.retype(p, self._dtype)
+                    else:
+                        p.data = p.data.to(self._dtype)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.module = model
@@ -95,6 +104,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         from . import zero
 
         zero.apply_pending(self._runtime)
+        if lazy:
+            # Built now, filling the model unit by unit: its first forward needs values.
+            self._runtime.ensure_built()
         self.micro_steps = 0
         self._last_step: Optional[Dict[str, Any]] = None
         self.optimizer: Optional[ZeroOptimizer] = ZeroOptimizer(self) if self._plan.basic is not None else None
@@ -123,11 +135,31 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             )
             for u in order
         ]
-        # Initial values cross on the host (rank 0's are broadcast), whatever the device.
-        values = [[p.param.data.detach().cpu() for p in u.params] for u in order]
-        return _native.NativeEngine(
-            json.dumps(self._native_config), modules, values, self._timeout_s, self.device.type, self._rendezvous_port
-        )
+        # Initial values cross on the host (rank 0's are broadcast), whatever the device;
+        # a zero.Init placeholder's come from its fill, one unit at a time.
+        fill = _lazy_init.UnitFill(self.module)
+        values = [
+            [fill.source(u, p) if _lazy_init.spec_of(p.param) is not None else p.param.data.detach().cpu()
+             for p in u.params]
+            for u in order
+        ]
+        try:
+            native = _native.NativeEngine(
+                json.dumps(self._native_config), modules, values, self._timeout_s, self.device.type,
+                self._rendezvous_port
+            )
+        finally:
+            fill.release()
+        if fill.checkpoints:
+            paths = list(fill.checkpoints)
+            self._runtime.after_built = lambda: self._fill_from(paths)
+        return native
+
+    def _fill_from(self, paths: List[str]) -> None:
+        """zero.Init's checkpoints into the just-built engine (every parameter they fill
+        is in one of them: strict)."""
+        for path in paths:
+            self.load_hf_checkpoint(path, strict=True)
 
     @property
     def _native_config(self) -> Dict[str, Any]:

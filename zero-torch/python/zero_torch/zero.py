@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import weakref
-from typing import Any, Iterable, List, Optional, Union
+from typing import Any, Callable, Iterable, List, Optional, Union
 
 import torch
 
-from .errors import UnsupportedError
+from . import _lazy_init
+from .errors import CheckpointError, UnsupportedError
 
 _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 """Engines alive in this process (GatheredParameters finds the one that owns its
@@ -126,13 +128,28 @@ def unregister_external_parameter(module: torch.nn.Module, parameter: torch.nn.P
 
 
 class Init:
-    """DeepSpeed's ``zero.Init``: the model built inside it is made in the run's 16-bit
-    dtype (``dtype=``, else the config's ``bf16``/``fp16``), as DeepSpeed makes every
-    floating-point tensor created inside it, so its initializers draw the same values.
+    """``zero.Init``: a model built inside it never holds its parameters. Each parameter is
+    registered on the meta device (so ``__init__`` and its initializers allocate nothing)
+    and becomes a placeholder (shape and dtype, one NaN of storage) when the block ends.
+    When the engine is built, it fills the model one unit (a module owning parameters) at a
+    time, in the engine's order, and keeps only what this rank holds:
 
-    DeepSpeed also partitions the parameters as they are created; zero_torch partitions
-    them when the engine is built (at the first forward), so until then each rank holds
-    the whole model. (Building models too big for one rank is not provided yet.)"""
+    - from ``checkpoint``, a Hugging Face folder (``config.json`` with ``model.safetensors``
+      or its sharded index), each rank reading only the byte ranges it holds (as
+      :meth:`~zero_torch.engine.ZeroEngine.load_hf_checkpoint`);
+    - else by each unit's own initializers (``param_init_fn(module)`` if given, else the
+      module's ``reset_parameters`` and its transformers model's ``_init_weights``) under a
+      generator seeded from ``(seed, unit name)``: the same model at any world size and
+      stage, and the one :func:`init_weights` gives a whole model.
+
+    A parameter nothing fills is an error naming it. The model is made in the run's 16-bit
+    dtype (``dtype=``, else the config's ``bf16``/``fp16``), as DeepSpeed makes it. It
+    trains on the CPU engine (a GPU run builds the model whole, for now).
+
+    ``seed=None`` (what ``deepspeed.zero.Init`` under ``zero_torch.deepspeed_compat``
+    defaults to) builds the model whole instead, drawing from torch's generator as
+    DeepSpeed does, so a DeepSpeed script starts from DeepSpeed's values; the engine then
+    takes its shard at the first forward."""
 
     def __init__(
         self,
@@ -146,6 +163,10 @@ class Init:
         enabled: bool = True,
         dtype: Optional[torch.dtype] = None,
         mpu: Any = None,
+        *,
+        checkpoint: Any = None,
+        param_init_fn: Optional[Callable[[torch.nn.Module], None]] = None,
+        seed: Optional[int] = 0,
         **kwargs: Any,
     ) -> None:
         del module, data_parallel_group, mem_efficient_linear, pin_memory, mpu, kwargs
@@ -156,17 +177,49 @@ class Init:
         self.enabled = enabled
         self.dtype = dtype if dtype is not None else _config_dtype(config_dict_or_path if config_dict_or_path is not None else config)
         self._saved: Optional[torch.dtype] = None
+        self._spec: Optional[_lazy_init.LazySpec] = None
+        if enabled and (seed is not None or checkpoint is not None or param_init_fn is not None):
+            if checkpoint is not None:
+                checkpoint = os.path.abspath(os.fspath(checkpoint))
+                if not os.path.isdir(checkpoint):
+                    raise CheckpointError(f"zero.Init(checkpoint={checkpoint!r}): no such folder")
+            self._spec = _lazy_init.LazySpec(seed=0 if seed is None else int(seed), param_init_fn=param_init_fn,
+                                             checkpoint=checkpoint)
+        self._construction: Optional[_lazy_init.Construction] = None
 
     def __enter__(self) -> "Init":
         if self.enabled and self.dtype in (torch.float16, torch.bfloat16):
             self._saved = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
+        if self._spec is not None:
+            self._construction = _lazy_init.Construction(self._spec, self.dtype)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._construction is not None:
+            self._construction.close()
+            self._construction = None
         if self._saved is not None:
             torch.set_default_dtype(self._saved)
             self._saved = None
+
+
+class DeepSpeedInit(Init):
+    """``deepspeed.zero.Init`` under ``zero_torch.deepspeed_compat``: :class:`Init` with
+    ``seed=None`` by default, so a DeepSpeed script's model draws DeepSpeed's values
+    (built whole; the engine takes its shard at the first forward). Passing ``seed=``,
+    ``checkpoint=`` or ``param_init_fn=`` builds it without its parameters."""
+
+    def __init__(self, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> None:
+        super().__init__(*args, seed=seed, **kwargs)
+
+
+def init_weights(model: torch.nn.Module, seed: int = 0,
+                 param_init_fn: Optional[Callable[[torch.nn.Module], None]] = None) -> None:
+    """Fills a whole model's parameters exactly as ``Init(seed=seed,
+    param_init_fn=param_init_fn)`` fills the same model unit by unit (to compare the two,
+    or to start an ordinary run from the same values)."""
+    _lazy_init.init_weights(model, seed=seed, param_init_fn=param_init_fn)
 
 
 def _config_dtype(config: Any) -> Optional[torch.dtype]:

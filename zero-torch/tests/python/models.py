@@ -11,27 +11,34 @@ VOCAB = 64
 SEQ = 12
 
 
-def llama(seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_config(name: str) -> object:
+    """The transformers config of test model ``name``."""
+    from transformers import GPT2Config, LlamaConfig
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(cfg).float()
-
-
-def gpt2(seed: int = 0) -> torch.nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    cfg = GPT2Config(
+    if name == "llama":
+        return LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            tie_word_embeddings=False,
+        )
+    return GPT2Config(
         vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
     )
-    return GPT2LMHeadModel(cfg).float()
+
+
+def llama(seed: int = 0) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(build_config("llama")).float()
+
+
+def gpt2(seed: int = 0) -> torch.nn.Module:
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(build_config("gpt2")).float()
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:

@@ -250,16 +250,24 @@ def many(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def staging_bounds(stage: int, steps: int, global_batch: int) -> Dict[str, Any]:
+def staging_bounds(stage: int, steps: int, global_batch: int, init: bool = False) -> Dict[str, Any]:
     """Gradient staging (``buckets``) and gathered parameters sampled at every gradient
     arrival, per backward: the first backward included, they stay within a few buckets
-    (the first forward's uses say when each unit is complete)."""
+    (the first forward's uses say when each unit is complete). ``init``: the model is
+    built inside ``zero.Init`` (the engine exists before the first forward)."""
     import zero_torch
 
     rank, world = workers.rank_world()
-    m = models.build("llama", 0)
     live = {"zero_optimization": {"stage3_max_live_parameters": 8192, "stage3_max_reuse_distance": 0}}
-    engine, _, _, _ = zero_torch.initialize(model=m, config=workers.config(stage, "fp32", 1, global_batch, extra=live))
+    cfg = workers.config(stage, "fp32", 1, global_batch, extra=live)
+    if init:
+        from transformers import LlamaForCausalLM
+
+        with zero_torch.zero.Init(config_dict_or_path=cfg):
+            m = LlamaForCausalLM(models.build_config("llama"))
+    else:
+        m = models.build("llama", 0)
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     per_step: List[Dict[str, int]] = []
 
     def hook(p: torch.Tensor) -> None:

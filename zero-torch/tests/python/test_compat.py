@@ -109,7 +109,7 @@ def test_one_line_serves_zero_with_real_deepspeed_installed() -> None:
             "moe": split_params_into_different_moe_groups_for_optimizer.__module__,
             "fused_adam": FusedAdam is zero_torch.optim.FusedAdam and DeepSpeedCPUAdam is zero_torch.optim.DeepSpeedCPUAdam
                 and deepspeed.ops.adam.FusedAdam is FusedAdam,
-            "zero": deepspeed.zero.Init is zero_torch.zero.Init
+            "zero": deepspeed.zero.Init is zero_torch.zero.DeepSpeedInit
                 and deepspeed.zero.GatheredParameters is zero_torch.zero.GatheredParameters
                 and pp.GatheredParameters is zero_torch.zero.GatheredParameters,
             "hf_partition_parameters": pp._orig_torch_arange is torch.arange

@@ -118,13 +118,15 @@ def test_savers_that_refuse_shared_storage_save_the_model(job: Any, tmp_path: An
         assert r["bad"] == [], r["bad"]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_the_first_backward_keeps_to_a_few_buckets(job: Any, stage: int) -> None:
+@pytest.mark.parametrize("stage,init", [(2, False), (3, False), (3, True)])
+def test_the_first_backward_keeps_to_a_few_buckets(job: Any, stage: int, init: bool) -> None:
     """Gradient staging stays within a few ``reduce_bucket_size`` buckets, and in stage 3
     the gathered parameters within ``stage3_max_live_parameters`` and the unit in use, in
     every backward, the first included: the first forward's uses tell when each unit's
-    gradients are complete."""
-    for rank, r in enumerate(job(2, "one_copy_workers.staging_bounds", {"stage": stage, "steps": 3, "global_batch": 4})):
+    gradients are complete (also for a model built inside ``zero.Init``, whose engine
+    exists before its first forward)."""
+    args = {"stage": stage, "steps": 3, "global_batch": 4, "init": init}
+    for rank, r in enumerate(job(2, "one_copy_workers.staging_bounds", args)):
         bucket = 4 * max(4096, r["largest"])  # workers.config's reduce_bucket_size, fp32
         for step, s in enumerate(r["per_step"]):
             assert 0 < s["buckets"] <= 3 * bucket < r["whole"], f"rank {rank} step {step}: staging {s} (a bucket is {bucket} bytes, the model {r['whole']})"

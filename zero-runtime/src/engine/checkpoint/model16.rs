@@ -25,13 +25,41 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if self.policy.shards_parameters() && !self.cfg.zero.gather_16bit_weights_on_model_save {
             return Err(CheckpointError::Gather16.into());
         }
-        let result = self.write_16bit(dir);
+        self.save_weights(dir, DEFAULT_MAX_SHARD, self.dtype, true)
+    }
+
+    /// Writes the model's weights to `dir` as Hugging Face safetensors shards of at most
+    /// `max_shard_bytes` (`model-0000k-of-0000n.safetensors` and
+    /// `model.safetensors.index.json`), each parameter whole in `dtype` (the parameters'
+    /// values, widened or rounded), tied weights once under their first name, as
+    /// `save_pretrained` stores them. Every rank calls it; rank 0 writes while the ranks
+    /// gather one bucket at a time. Any rank's failure is an error on every rank. Returns
+    /// the files written (on rank 0; empty elsewhere).
+    pub fn save_hf_weights(
+        &mut self,
+        dir: &Path,
+        max_shard_bytes: u64,
+        dtype: zero_kernels::DType,
+    ) -> Result<Vec<WrittenFile>, EngineError> {
+        self.save_weights(dir, max_shard_bytes, dtype, false)
+    }
+
+    /// Both savers: with `aliases`, tied weights under each of their names.
+    fn save_weights(
+        &mut self,
+        dir: &Path,
+        max_shard_bytes: u64,
+        dtype: zero_kernels::DType,
+        aliases: bool,
+    ) -> Result<Vec<WrittenFile>, EngineError> {
+        self.require_boundary("saving the model's weights")?;
+        let result = self.write_hf(dir, max_shard_bytes, dtype, aliases);
         let verdict = self.broadcast_text(
             &match &result {
                 Ok(_) => String::new(),
                 Err(e) => clip(&e.to_string(), TEXT_MAX).to_string(),
             },
-            "saving the 16-bit model",
+            "saving the model's weights",
         )?;
         match result {
             Err(e) => Err(e),
@@ -46,7 +74,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Rank 0 writes, bucket by bucket (a stage-3 bucket gathered on every rank first),
     /// then the frozen parameters.
-    fn write_16bit(&mut self, dir: &Path) -> Result<Vec<WrittenFile>, EngineError> {
+    fn write_hf(
+        &mut self,
+        dir: &Path,
+        max_shard_bytes: u64,
+        dtype: zero_kernels::DType,
+        aliases: bool,
+    ) -> Result<Vec<WrittenFile>, EngineError> {
         let mut order: Vec<usize> = Vec::with_capacity(self.param_count());
         for plan in &self.plan.buckets {
             order.extend(&plan.params);
@@ -56,20 +90,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut writer = if self.rank == 0 {
             let mut specs: Vec<TensorSpec> = Vec::with_capacity(order.len());
             for &id in &order {
-                for name in self.names_of(id) {
+                for name in self.names_of(id, aliases) {
                     specs.push(TensorSpec {
                         name,
-                        dtype: self.dtype,
+                        dtype,
                         shape: self.param_spec(id).shape.clone(),
                     });
                 }
             }
-            Some(HfWriter::new(
-                dir,
-                &specs,
-                DEFAULT_MAX_SHARD,
-                DEFAULT_BUFFER,
-            )?)
+            Some(HfWriter::new(dir, &specs, max_shard_bytes, DEFAULT_BUFFER)?)
         } else {
             None
         };
@@ -99,7 +128,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .and_then(|full| {
                         for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
                             let values = self.dev.download_f32(full, layout.tensor_range(i))?;
-                            for name in self.names_of(id) {
+                            for name in self.names_of(id, aliases) {
                                 w.write_tensor(&name, &values)?;
                             }
                         }
@@ -117,17 +146,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (id, offset) in frozen {
             let n = self.param_spec(id).numel();
             let values = self.dev.download_f32(&self.frozen, offset..offset + n)?;
-            for name in self.names_of(id) {
+            for name in self.names_of(id, aliases) {
                 w.write_tensor(&name, &values)?;
             }
         }
         Ok(w.finish()?)
     }
 
-    /// Parameter `id`'s name, then its aliases (tied weights).
-    fn names_of(&self, id: usize) -> Vec<String> {
+    /// Parameter `id`'s name, then (with `aliases`) its other names (tied weights).
+    fn names_of(&self, id: usize, aliases: bool) -> Vec<String> {
+        let others = if aliases {
+            self.param_spec(id).aliases.as_slice()
+        } else {
+            &[]
+        };
         std::iter::once(self.param_name(id))
-            .chain(self.param_spec(id).aliases.iter().cloned())
+            .chain(others.iter().cloned())
             .collect()
     }
 }

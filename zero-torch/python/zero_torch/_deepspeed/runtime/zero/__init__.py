@@ -3,7 +3,8 @@
 ``offload_config`` and ``partition_parameters``."""
 
 from zero_torch import zero as _public
-from zero_torch.zero import GatheredParameters, Init  # noqa: F401
+from zero_torch.zero import DeepSpeedInit as Init  # noqa: F401
+from zero_torch.zero import GatheredParameters  # noqa: F401
 
 from ..._missing import module_getattr
 from . import offload_config, partition_parameters  # noqa: F401

@@ -11,7 +11,8 @@ import torch
 
 from zero_torch import zero as _zero
 from zero_torch.accelerator import get_accelerator  # noqa: F401 - read by transformers
-from zero_torch.zero import GatheredParameters, Init  # noqa: F401
+from zero_torch.zero import DeepSpeedInit as Init  # noqa: F401
+from zero_torch.zero import GatheredParameters  # noqa: F401
 
 from ..._missing import module_getattr
 

@@ -1,0 +1,219 @@
+"""Building a model without its parameters (``zero.Init``), and filling it one unit at a
+time when the engine is built.
+
+Inside the context every parameter registered on a module is replaced by one on the meta
+device (torch's public parameter-registration hook), so the model's ``__init__`` and its
+initializers allocate nothing. On leaving it each meta parameter becomes a *placeholder*: a
+CPU parameter of the right shape and dtype whose storage is one NaN, expanded (writing into
+it is an error, reading it gives NaN). Tied weights stay one parameter.
+
+When the engine is built it asks for each parameter's initial value in unit order (a unit is
+a module that owns parameters directly). :class:`UnitFill` then materializes one unit (NaN),
+fills it (a checkpoint's bytes, loaded right after the build, or the module's own
+initializers under a generator seeded from ``(seed, unit name)``), checks that nothing
+poisoned is left, hands the values over and drops them before the next unit. The values
+depend on the seed and the unit names only, never on the world size or the stage."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Union
+
+import torch
+
+from .errors import ZeroError
+
+PathLike = Union[str, os.PathLike]
+
+
+@dataclass(frozen=True)
+class LazySpec:
+    """How the parameters built inside one ``zero.Init`` are filled."""
+
+    seed: int
+    param_init_fn: Optional[Callable[[torch.nn.Module], None]]
+    checkpoint: Optional[str]
+    """A Hugging Face checkpoint folder the engine loads right after it is built."""
+
+
+def spec_of(p: torch.Tensor) -> Optional[LazySpec]:
+    """The fill of a placeholder parameter, ``None`` for a parameter with values."""
+    return getattr(p, "_zero_lazy", None)
+
+
+def placeholder(shape: torch.Size, dtype: torch.dtype, requires_grad: bool, spec: LazySpec) -> torch.nn.Parameter:
+    """A parameter of ``shape`` and ``dtype`` holding one poison element, expanded."""
+    poison = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
+    p = torch.nn.Parameter(torch.full((), poison, dtype=dtype).expand(shape), requires_grad=requires_grad)
+    p._zero_lazy = spec  # type: ignore[attr-defined]
+    return p
+
+
+def retype(p: torch.nn.Parameter, dtype: torch.dtype) -> None:
+    """Points placeholder ``p`` at poison of ``dtype`` (the engine trains in it)."""
+    poison = float("nan") if dtype.is_floating_point else 0
+    p.data = torch.full((), poison, dtype=dtype).expand(p.shape)
+
+
+class Construction:
+    """The registration hook of one ``zero.Init`` block: parameters go to the meta device
+    (floating ones in ``dtype`` where given), and on :meth:`close` every module that
+    registered one gets placeholders instead."""
+
+    def __init__(self, spec: LazySpec, dtype: Optional[torch.dtype]) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.modules: List["weakref.ref[torch.nn.Module]"] = []
+        self._seen: Dict[int, bool] = {}
+        self._handle = torch.nn.modules.module.register_module_parameter_registration_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> Optional[torch.nn.Parameter]:
+        if id(module) not in self._seen:
+            self._seen[id(module)] = True
+            self.modules.append(weakref.ref(module))
+        if param is None or param.is_meta or spec_of(param) is not None:
+            return None
+        dtype = self.dtype if self.dtype is not None and param.is_floating_point() else param.dtype
+        return torch.nn.Parameter(torch.empty(param.shape, dtype=dtype, device="meta"), requires_grad=param.requires_grad)
+
+    def close(self) -> None:
+        """Removes the hook and puts placeholders where meta parameters are."""
+        self._handle.remove()
+        made: Dict[int, torch.nn.Parameter] = {}
+        for ref in self.modules:
+            module = ref()
+            if module is None:
+                continue
+            for name, p in list(module._parameters.items()):
+                if p is None or not p.is_meta:
+                    continue
+                if id(p) not in made:
+                    made[id(p)] = placeholder(p.shape, p.dtype, p.requires_grad, self.spec)
+                module._parameters[name] = made[id(p)]
+        self.modules.clear()
+
+
+def unit_seed(seed: int, unit: str) -> int:
+    """The generator seed of the unit named ``unit`` (the same at any world size)."""
+    digest = hashlib.sha256(f"{seed}/{unit}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def hf_owners(model: torch.nn.Module) -> Dict[int, Any]:
+    """For each module of ``model`` inside a transformers ``PreTrainedModel``: the nearest
+    one (whose ``_init_weights`` initializes it, as ``post_init`` does)."""
+    owners: Dict[int, Any] = {}
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        return owners
+    pretrained = getattr(transformers, "PreTrainedModel", None)
+    if pretrained is None:
+        return owners
+    for m in model.modules():
+        if isinstance(m, pretrained):
+            for sub in m.modules():
+                owners[id(sub)] = m
+    return owners
+
+
+def fill_module(module: torch.nn.Module, unit: str, spec: LazySpec, owner: Any) -> None:
+    """Runs the initializers of ``module``'s own parameters under a generator seeded from
+    ``(spec.seed, unit)``: ``spec.param_init_fn(module)``, else the module's
+    ``reset_parameters`` followed by its transformers model's ``_init_weights`` (as a
+    model's construction and ``post_init`` run them). torch's default generator is left
+    as it was."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(unit_seed(spec.seed, unit))
+        try:
+            if spec.param_init_fn is not None:
+                spec.param_init_fn(module)
+            else:
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
+                if owner is not None:
+                    owner._init_weights(module)
+        except Exception as e:
+            raise ZeroError(
+                f"zero.Init: initializing unit `{unit or '<root>'}` ({type(module).__name__}) failed: {e} "
+                "(a unit's initializer may write only that module's own parameters; pass "
+                "param_init_fn= to zero.Init to fill it yourself)"
+            ) from e
+
+
+def unfilled(name: str, unit: str, module: torch.nn.Module) -> ZeroError:
+    """The error for a parameter no initializer wrote."""
+    return ZeroError(
+        f"zero.Init: nothing filled parameter `{name}` of unit `{unit or '<root>'}` "
+        f"({type(module).__name__}): it still holds the NaN poison. Its module has no "
+        "reset_parameters and no transformers _init_weights covers it; pass "
+        "param_init_fn= to zero.Init (called with each module that owns parameters)"
+    )
+
+
+class UnitFill:
+    """The initial values of the placeholder parameters of the units in ``order``, one unit
+    materialized at a time (the engine asks in unit order)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.owners = hf_owners(model)
+        self.current: Any = None
+        self.checkpoints: List[str] = []
+
+    def source(self, unit: Any, param: Any) -> Callable[[], Optional[torch.Tensor]]:
+        """What the engine calls for ``param``'s initial value (``None``: a checkpoint
+        fills it after the build)."""
+        spec = spec_of(param.param)
+        assert spec is not None
+        if spec.checkpoint is not None:
+            if spec.checkpoint not in self.checkpoints:
+                self.checkpoints.append(spec.checkpoint)
+            return lambda: None
+        return lambda: self._value(unit, param)
+
+    def _value(self, unit: Any, param: Any) -> torch.Tensor:
+        if self.current is not unit:
+            self.release()
+            self._materialize(unit)
+        return param.param.data
+
+    def _materialize(self, unit: Any) -> None:
+        lazy = [p for p in unit.params if spec_of(p.param) is not None]
+        kept = [(p, p.param.data.clone()) for p in unit.params if spec_of(p.param) is None]
+        self.current = unit
+        for p in lazy:
+            p.param.data = torch.full(tuple(p.shape), float("nan"), dtype=p.param.dtype)
+        spec = spec_of(lazy[0].param)
+        assert spec is not None
+        fill_module(unit.module, unit.name, spec, self.owners.get(id(unit.module)))
+        for p, value in kept:
+            p.param.data = value
+        for p in lazy:
+            if p.param.is_floating_point() and bool(torch.isnan(p.param.data).any()):
+                raise unfilled(p.name, unit.name, unit.module)
+
+    def release(self) -> None:
+        """Drops the unit materialized last (its parameters hold poison again)."""
+        if self.current is None:
+            return
+        for p in self.current.params:
+            spec = spec_of(p.param)
+            if spec is not None:
+                retype(p.param, p.param.dtype)
+        self.current = None
+
+
+def init_weights(model: torch.nn.Module, seed: int = 0, param_init_fn: Optional[Callable[[torch.nn.Module], None]] = None) -> None:
+    """Fills the parameters of a whole (ordinary) model exactly as ``zero.Init(seed=seed,
+    param_init_fn=param_init_fn)`` fills the same model unit by unit: the same values, at
+    any world size and stage."""
+    from ._model import register
+
+    spec = LazySpec(seed=seed, param_init_fn=param_init_fn, checkpoint=None)
+    owners = hf_owners(model)
+    for unit in register(model, None).units:
+        fill_module(unit.module, unit.name, spec, owners.get(id(unit.module)))

@@ -1,0 +1,138 @@
+"""What each rank runs for ``test_zero_init.py``: models built inside ``zero.Init`` (no
+parameter holds values until the engine fills them, one unit at a time) or loaded with
+``zero_torch.from_pretrained`` (each rank reading its own byte ranges), against the
+ordinary path (the whole model, then ``initialize``)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+
+import models
+import workers
+
+
+def _model(name: str) -> torch.nn.Module:
+    """The test model ``name``, built as it comes (no seeding, no cast)."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    cls = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}[name]
+    return cls(models.build_config(name))
+
+
+def _train(engine: Any, steps: int, gas: int, global_batch: int) -> List[float]:
+    rank, world = workers.rank_world()
+    losses = []
+    for ids in models.batches(steps, global_batch, 3):
+        mine = models.shard(ids, rank, world)
+        total = 0.0
+        for k in range(gas):
+            loss = models.loss_of(engine, models.micro(mine, k, gas))
+            engine.backward(loss)
+            engine.step()
+            total += loss.item()
+        losses.append(total / gas)
+    return losses
+
+
+def seeded(model: str, stage: int, dtype: str, gas: int, steps: int, global_batch: int, lazy: bool,
+           clip: float = 0.0, seed: int = 7) -> Dict[str, Any]:
+    """Builds ``model`` inside ``zero.Init(seed=seed)`` (``lazy``) or whole inside
+    ``zero.Init(seed=None)`` then fills it with ``zero.init_weights`` (the ordinary path),
+    trains, and returns the parameters before and after, the losses and whether any
+    parameter held values before ``initialize``."""
+    import zero_torch
+
+    cfg = workers.config(stage, dtype, gas, global_batch, clip=clip)
+    with zero_torch.zero.Init(config_dict_or_path=cfg, seed=seed if lazy else None):
+        m = _model(model)
+    placeholders = all(getattr(p, "_zero_lazy", None) is not None for p in m.parameters())
+    held = sum(p.untyped_storage().nbytes() for p in m.parameters())
+    if not lazy:
+        zero_torch.zero.init_weights(m, seed=seed)
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    start = workers.gathered(engine)
+    losses = _train(engine, steps, gas, global_batch)
+    return {"start": start, "params": workers.gathered(engine), "losses": losses,
+            "placeholders": placeholders, "held_before": held}
+
+
+def unfilled() -> Dict[str, Any]:
+    """A module whose parameter no initializer writes, built inside ``zero.Init``."""
+    import zero_torch
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.gain = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.gain
+
+    cfg = workers.config(3, "fp32", 1, 2 * workers.rank_world()[1])
+    with zero_torch.zero.Init(config_dict_or_path=cfg):
+        m = Scaled()
+    zero_torch.initialize(model=m, config=cfg)
+    return {}
+
+
+def pretrained(path: str, stage: int, dtype: str, steps: int = 2, model_class: Optional[str] = None,
+               paths: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """``from_pretrained`` then ``initialize``: the parameters, logits on a fixed batch, the
+    load report, the bytes the parameters held before ``initialize``, and a few steps'
+    losses."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    cfg = workers.config(stage, dtype, 1, 2 * world)
+    cls = None
+    if model_class is not None:
+        import transformers
+
+        cls = getattr(transformers, model_class)
+    m = zero_torch.from_pretrained((paths or {}).get(str(rank), path), cls, config=cfg)
+    held = sum(p.untyped_storage().nbytes() for p in m.parameters())
+    training = m.training
+    try:
+        engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__}
+    params = workers.gathered(engine)
+    ids = models.batches(1, 2, 3)[0]
+    with torch.no_grad():
+        logits = engine(input_ids=ids).logits.float()
+    losses = _train(engine, steps, 1, 2 * world)
+    return {"params": params, "logits": logits, "report": engine.load_report(), "held_before": held,
+            "training": training, "losses": losses}
+
+
+def save_hf(path: str, stage: int, dtype: str, steps: int = 2, save_dtype: Optional[str] = None,
+            fail_on_rank0: bool = False, model: str = "llama") -> Dict[str, Any]:
+    """Trains ``steps`` steps, then ``engine.save_hf_checkpoint(path)`` (in shards of 40 KB);
+    returns the parameters and logits on a fixed batch. ``fail_on_rank0``: writing the
+    config fails on rank 0 after the weights were written."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    cfg = workers.config(stage, dtype, 1, 2 * world)
+    engine, _, _, _ = zero_torch.initialize(model=models.build(model, 3), config=cfg)
+    _train(engine, steps, 1, 2 * world)
+    params = workers.gathered(engine)
+    ids = models.batches(1, 2, 3)[0]
+    with torch.no_grad():
+        logits = engine(input_ids=ids).logits.float()
+    if fail_on_rank0 and rank == 0:
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise OSError("no space left on device (injected)")
+
+        engine.module.config.save_pretrained = refuse
+    kwargs: Dict[str, Any] = {"max_shard_size": "40KB"}
+    if save_dtype is not None:
+        kwargs["dtype"] = getattr(torch, save_dtype)
+    try:
+        engine.save_hf_checkpoint(path, **kwargs)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "params": params}
+    return {"params": params, "logits": logits}

@@ -1,0 +1,186 @@
+"""Models bigger than one rank: ``zero.Init`` builds a model without its parameters and the
+engine fills it one unit at a time (seeded initializers, the same at any world size and
+stage, and the same as ``zero.init_weights`` on a whole model); ``from_pretrained`` builds
+a Hugging Face folder's model the same way and each rank reads only the byte ranges it
+holds; ``save_hf_checkpoint`` writes a folder transformers reads, whole or not at all.
+Errors (a parameter nothing fills, a damaged or foreign checkpoint, a failed save) raise on
+every rank."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import torch
+
+import models
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _equal(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], what: str) -> None:
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), f"{what}: {n} differs"
+
+
+@pytest.mark.parametrize("model,stage,dtype,gas,clip", [
+    ("llama", 3, "bf16", 1, 0.0),
+    ("llama", 0, "fp32", 2, 1.0),
+    ("gpt2", 3, "fp32", 2, 0.5),
+    ("gpt2", 2, "bf16", 1, 0.0),
+    ("llama", 1, "bf16", 2, 0.0),
+])
+def test_a_model_built_inside_init_trains_to_the_bits_of_the_ordinary_path(
+        job: Any, model: str, stage: int, dtype: str, gas: int, clip: float) -> None:
+    args = {"model": model, "stage": stage, "dtype": dtype, "gas": gas, "steps": 3, "global_batch": 4, "clip": clip}
+    lazy = job(2, "init_workers.seeded", {**args, "lazy": True})
+    whole = job(2, "init_workers.seeded", {**args, "lazy": False})
+    for rank in range(2):
+        assert lazy[rank]["placeholders"], "a parameter built inside zero.Init holds values"
+        assert lazy[rank]["held_before"] <= 4 * 64, lazy[rank]["held_before"]
+        assert not whole[rank]["placeholders"]
+        for name, p in lazy[rank]["start"].items():
+            assert torch.isfinite(p).all(), f"{name} was left unfilled"
+        _equal(lazy[rank]["start"], whole[rank]["start"], f"rank {rank} initial values")
+        assert lazy[rank]["losses"] == whole[rank]["losses"], (lazy[rank]["losses"], whole[rank]["losses"])
+        _equal(lazy[rank]["params"], whole[rank]["params"], f"rank {rank} trained values")
+
+
+def test_the_seeded_fill_does_not_depend_on_world_size_or_stage(job: Any) -> None:
+    args = {"model": "llama", "dtype": "fp32", "gas": 1, "steps": 0, "global_batch": 4, "lazy": True}
+    one = job(1, "init_workers.seeded", {**args, "stage": 0})[0]["start"]
+    two = job(2, "init_workers.seeded", {**args, "stage": 3})
+    for r in two:
+        _equal(r["start"], one, "world 2, stage 3 against world 1, stage 0")
+    other = job(1, "init_workers.seeded", {**args, "stage": 0, "seed": 8})[0]["start"]
+    assert not torch.equal(other["model.layers.0.self_attn.q_proj.weight"], one["model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_a_parameter_nothing_fills_is_an_error_naming_it_on_every_rank(job: Any) -> None:
+    res = job(2, "init_workers.unfilled", expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "ZeroError", r
+        assert "`gain`" in r["error"] and "param_init_fn" in r["error"], r["error"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: Any) -> Dict[str, Any]:
+    """A Llama saved sharded and a GPT-2 (tied weights) saved as one file, with their
+    parameters and logits."""
+    root = tmp_path_factory.mktemp("pretrained")
+    out: Dict[str, Any] = {"root": root}
+    ids = models.batches(1, 2, 3)[0]
+    for name, shard in (("llama", "40KB"), ("gpt2", None)):
+        m = models.build(name, 11)
+        kwargs = {"max_shard_size": shard} if shard else {}
+        m.save_pretrained(root / name, **kwargs)
+        with torch.no_grad():
+            logits = m(input_ids=ids).logits.float()
+        out[name] = {"params": {n: p.detach().clone() for n, p in m.named_parameters()}, "logits": logits}
+    assert (root / "llama" / "model.safetensors.index.json").exists()
+    return out
+
+
+@pytest.mark.parametrize("model,stage,dtype", [("llama", 3, "fp32"), ("llama", 1, "bf16"), ("gpt2", 3, "bf16"), ("gpt2", 0, "fp32")])
+def test_from_pretrained_gives_transformers_values_each_rank_reading_its_part(
+        job: Any, saved: Dict[str, Any], model: str, stage: int, dtype: str) -> None:
+    res = job(2, "init_workers.pretrained", {"path": str(saved["root"] / model), "stage": stage, "dtype": dtype})
+    want = saved[model]
+    whole = sum(p.numel() * 4 for p in want["params"].values())
+    requested = 0
+    for rank, r in enumerate(res):
+        assert r["held_before"] <= 4 * 64, r["held_before"]
+        assert not r["training"], "from_pretrained returns the model in eval mode, as transformers does"
+        for n, p in want["params"].items():
+            assert torch.equal(r["params"][n], p.to(DTYPES[dtype]).float()), f"rank {rank}: {n}"
+        if dtype == "fp32":
+            assert torch.equal(r["logits"], want["logits"]), f"rank {rank}: logits differ from transformers'"
+        rep = r["report"]
+        assert rep["bytes_read"] <= rep["bytes_requested"] + (len(want["params"]) + 4) * 8192, rep
+        requested += rep["bytes_requested"]
+        assert all(torch.isfinite(torch.tensor(x)) for x in r["losses"])
+    if stage == 0:
+        assert requested == 2 * whole
+    else:
+        assert whole <= requested < 1.5 * whole, (requested, whole)
+
+
+def test_from_pretrained_errors_reach_every_rank_at_initialize(job: Any, saved: Dict[str, Any], tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(saved["root"] / "llama", bad)
+    shard = sorted(bad.glob("*.safetensors"))[-1]
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 64)
+    res = job(2, "init_workers.pretrained",
+              {"path": str(saved["root"] / "llama"), "stage": 3, "dtype": "fp32", "paths": {"1": str(bad)}},
+              expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "CheckpointError", r
+    assert shard.name in res[1]["error"], res[1]["error"]
+    assert "rank 1" in res[0]["error"], res[0]["error"]
+    # Weights saved tied (no lm_head.weight) under an untied model's config.json.
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tied = tmp_path / "tied"
+    cfg = models.build_config("llama").to_dict()
+    LlamaForCausalLM(LlamaConfig(**{**cfg, "tie_word_embeddings": True})).save_pretrained(tied)
+    shutil.copy(saved["root"] / "llama" / "config.json", tied / "config.json")
+    res = job(2, "init_workers.pretrained", {"path": str(tied), "stage": 2, "dtype": "fp32"}, expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "CheckpointError", r
+        assert "`lm_head.weight`" in r["error"] and "not in the checkpoint" in r["error"], r["error"]
+
+
+@pytest.mark.parametrize("model,stage,dtype,save_dtype", [("llama", 3, "fp32", None), ("gpt2", 3, "bf16", None),
+                                                          ("llama", 1, "bf16", "float32")])
+def test_save_hf_checkpoint_is_read_by_transformers_and_from_pretrained(
+        job: Any, tmp_path: Path, model: str, stage: int, dtype: str, save_dtype: Any) -> None:
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    res = job(2, "init_workers.save_hf", {"path": str(out), "stage": stage, "dtype": dtype, "save_dtype": save_dtype,
+                                          "model": model})
+    assert res[0]["params"].keys() == res[1]["params"].keys()
+    assert (out / "config.json").exists() and (out / "model.safetensors.index.json").exists()
+    assert len(list(out.glob("model-*.safetensors"))) > 1, "40 KB shards"
+    assert not list(tmp_path.glob("*.zt-saving")), "the staging folder is gone"
+    stored = {torch.float32: torch.float32, None: DTYPES[dtype]}[getattr(torch, save_dtype) if save_dtype else None]
+    for f in out.glob("model-*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():
+                assert st.get_tensor(key).dtype == stored, key
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    got = dict(loaded.named_parameters())
+    for n, p in res[0]["params"].items():
+        assert torch.equal(got[n].detach(), p), f"transformers read {n} differently"
+    if dtype == "fp32":
+        ids = models.batches(1, 2, 3)[0]
+        with torch.no_grad():
+            logits = loaded(input_ids=ids).logits.float()
+        assert torch.equal(logits, res[0]["logits"]), "transformers' logits differ from the engine's"
+    back = job(2, "init_workers.pretrained", {"path": str(out), "stage": 3, "dtype": "fp32", "steps": 0})
+    for r in back:
+        _equal(r["params"], res[0]["params"], "zero_torch.from_pretrained of the saved folder")
+
+
+def test_a_failed_save_leaves_the_earlier_folder_and_fails_every_rank(job: Any, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    first = job(2, "init_workers.save_hf", {"path": str(out), "stage": 3, "dtype": "fp32", "steps": 1})
+    files = {f.name: f.read_bytes() for f in out.iterdir()}
+    res = job(2, "init_workers.save_hf", {"path": str(out), "stage": 3, "dtype": "fp32", "steps": 3,
+                                          "fail_on_rank0": True}, expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "CheckpointError", r
+        assert "rank 0" in r["error"] and "injected" in r["error"], r["error"]
+    assert not torch.equal(res[0]["params"]["lm_head.weight"], first[0]["params"]["lm_head.weight"])
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == files, "the earlier folder changed"
+    assert not list(tmp_path.glob("*.zt-saving")), "the staging folder is gone"
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert torch.equal(loaded.lm_head.weight.detach(), first[0]["params"]["lm_head.weight"])

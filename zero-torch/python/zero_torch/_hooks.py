@@ -88,6 +88,19 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 """The engine's dtype names as torch dtypes."""
 
 _ALIGN = 64
+
+
+class _SavedView:
+    """A saved tensor that viewed a gathered parameter: the parameter and the view's
+    geometry (offset in elements from the parameter's first)."""
+
+    __slots__ = ("param", "shape", "stride", "offset")
+
+    def __init__(self, param: Param, shape: Tuple[int, ...], stride: Tuple[int, ...], offset: int) -> None:
+        self.param = param
+        self.shape = shape
+        self.stride = stride
+        self.offset = offset
 """Each gathered parameter starts a multiple of this many elements into its unit's one
 allocation (128 bytes or more), so torch's kernels (cuBLAS picks its kernels by
 alignment) see parameters as aligned as their own allocations would be, and compute the
@@ -157,6 +170,11 @@ class Runtime:
         self.pre_backward: Dict[int, Callable[[torch.Tensor], None]] = {}
         """Per module (by ``id``): the hook its outputs get."""
         self.empty: Dict[torch.dtype, torch.Tensor] = {}
+        self.live: Dict[int, List[Tuple[Param, int, int]]] = {}
+        """Stage 3: per storage (by data pointer) of gathered parameters, the parameters
+        in it and their byte ranges (what ``_pack`` recognizes)."""
+        self.saving: Any = None
+        """The saved-tensor hooks in force during a stage-3 forward (see ``_pack``)."""
         """Per dtype: the one empty tensor every released parameter holds."""
         self.param_count = sum(1 for _ in model.parameters())
         self.micro_steps_done = 0
@@ -383,17 +401,28 @@ class Runtime:
                 )
         if self.views:
             self._bind(u, sharded)
-            self.filled[u.index] = True
-            return
-        flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
-        for p, at in zip(sharded, u.sharded_offsets):
-            p.param.data = flat[at:at + p.numel].view(p.shape)
-        self.native.fill(u.index, [p.param.data for p in u.params], self.stream())
+        else:
+            flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
+            for p, at in zip(sharded, u.sharded_offsets):
+                p.param.data = flat[at:at + p.numel].view(p.shape)
+            self.native.fill(u.index, [p.param.data for p in u.params], self.stream())
+        for p in sharded:
+            data = p.param.data
+            start = data.data_ptr()
+            self.live.setdefault(data.untyped_storage().data_ptr(), []).append(
+                (p, start, start + data.numel() * data.element_size()))
         self.filled[u.index] = True
 
     def _drop(self, u: Unit) -> None:
         """Stage 3: the unit's sharded parameters give their storage back."""
         for p in u.sharded:
+            if p.param.numel() != 0:
+                key = p.param.data.untyped_storage().data_ptr()
+                entries = [e for e in self.live.get(key, []) if e[0] is not p]
+                if entries:
+                    self.live[key] = entries
+                else:
+                    self.live.pop(key, None)
             dtype = p.param.dtype
             empty = self.empty.get(dtype)
             if empty is None:
@@ -430,7 +459,45 @@ class Runtime:
 
     # ---- forward ------------------------------------------------------------------
 
+    # ---- saved tensors ------------------------------------------------------------
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        """What autograd keeps of ``t`` during a stage-3 forward: a tensor viewing a
+        gathered parameter (``weight.t()`` saved by ``F.linear``'s backward, say) is kept as
+        the parameter and the view's geometry, so it does not hold the gathered storage
+        until the backward (the way DeepSpeed's memory-efficient linear saves the
+        parameter); everything else is kept as it is."""
+        if not self.live or t.layout != torch.strided:
+            return t
+        entries = self.live.get(t.untyped_storage().data_ptr())
+        if entries is None:
+            return t
+        at = t.data_ptr()
+        for p, start, end in entries:
+            if start <= at < end and t.dtype == p.param.dtype:
+                return _SavedView(p, tuple(t.shape), tuple(t.stride()), (at - start) // t.element_size())
+        return t
+
+    def _unpack(self, saved: Any) -> torch.Tensor:
+        """The tensor ``_pack`` kept, from the parameter's storage now (gathered again
+        before its module's backward)."""
+        if not isinstance(saved, _SavedView):
+            return saved
+        base = saved.param.param.data
+        if base.numel() == 0:
+            raise OrderError(
+                f"parameter {saved.param.name} is needed by the backward but is not gathered "
+                "(used outside the forward of a module that holds it?)"
+            )
+        return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
+
+    def _stop_saving(self) -> None:
+        if self.saving is not None:
+            saving, self.saving = self.saving, None
+            saving.__exit__(None, None, None)
+
     def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        self._stop_saving()  # a forward that raised left them in force
         if self.error is not None:
             raise self.error
         self.sync_user_changes()
@@ -451,8 +518,12 @@ class Runtime:
                         self._drop(u)
             self.refs.clear()
         self.backward_ran = False
+        if self.stage3 and self.native is not None and torch.is_grad_enabled():
+            self.saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self.saving.__enter__()
 
     def _root_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._stop_saving()
         if self.native is None:
             self.ensure_built()
         elif self.expected is None and not self.learned:

@@ -285,3 +285,30 @@ def staging_bounds(stage: int, steps: int, global_batch: int, init: bool = False
     r = engine.memory_report()
     largest = max(p.numel() for p in m.parameters())
     return {"per_step": per_step, "whole": r["padded_numel"] * 4, "largest": largest, "end": r}
+
+
+def forward_holds_nothing_gathered(stage: int) -> Dict[str, Any]:
+    """A stack of 16 ``Linear(1024, 1024)`` (4 MiB each) under ``stage``: resident memory
+    after the forward, before the backward, against before it. ``F.linear`` saves
+    ``weight.t()`` for its backward, a view of the gathered parameter: kept as is, it
+    would hold every layer's gathered storage until the backward."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])
+    cfg = workers.config(stage, "fp32", 1, 2 * world)
+    cfg["zero_optimization"].update({"stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0,
+                                     "reduce_bucket_size": 1 << 20})
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(rank))
+    losses = []
+    grown = []
+    for _ in range(3):
+        before = _rss()
+        loss = engine(x).square().mean()
+        grown.append(_rss() - before)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"grown": grown, "layer": 1024 * 1024 * 4, "losses": losses}

@@ -133,3 +133,15 @@ def test_the_first_backward_keeps_to_a_few_buckets(job: Any, stage: int, init: b
             if stage == 3:  # stage3_max_live_parameters 8192, plus the unit being used
                 assert s["gathered"] <= 4 * (8192 + 2 * r["largest"]), f"rank {rank} step {step}: gathered {s}"
         assert r["end"]["buckets"] <= 3 * bucket
+
+
+def test_a_stage_3_forward_holds_no_gathered_parameters(job: Any) -> None:
+    """Autograd keeps what ``F.linear`` saves (``weight.t()``, a view of the gathered
+    weight) as the parameter and the view's geometry, so a stage-3 forward frees each
+    layer's gathered storage when the layer is done, not at the end of the backward."""
+    three = job(2, "one_copy_workers.forward_holds_nothing_gathered", {"stage": 3})
+    zero = job(2, "one_copy_workers.forward_holds_nothing_gathered", {"stage": 0})
+    for rank, r in enumerate(three):
+        # The first forward builds the engine; the later ones show what a forward keeps.
+        assert max(r["grown"][1:]) < 4 * r["layer"], f"rank {rank}: the forward kept {r['grown']} bytes resident"
+        assert r["losses"] == zero[rank]["losses"], "stage 3 trains to stage 0's bits"

@@ -136,3 +136,22 @@ def save_hf(path: str, stage: int, dtype: str, steps: int = 2, save_dtype: Optio
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "params": params}
     return {"params": params, "logits": logits}
+
+
+def modify_gathered(stage: int) -> Dict[str, Any]:
+    """A model built inside ``zero.Init``: rank 0 rewrites a weight inside
+    ``GatheredParameters(..., modifier_rank=0)``; every rank's values after it."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    cfg = workers.config(stage, "fp32", 1, 2 * world)
+    with zero_torch.zero.Init(config_dict_or_path=cfg, seed=3):
+        m = _model("llama")
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    weight = m.model.embed_tokens.weight
+    with zero_torch.zero.GatheredParameters([weight], modifier_rank=0):
+        if rank == 0:
+            with torch.no_grad():
+                weight.fill_(0.5)
+    losses = _train(engine, 1, 1, 2 * world)
+    return {"params": workers.gathered(engine), "losses": losses}

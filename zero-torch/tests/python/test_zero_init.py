@@ -184,3 +184,13 @@ def test_a_failed_save_leaves_the_earlier_folder_and_fails_every_rank(job: Any, 
     assert not list(tmp_path.glob("*.zt-saving")), "the staging folder is gone"
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert torch.equal(loaded.lm_head.weight.detach(), first[0]["params"]["lm_head.weight"])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gathered_parameters_with_a_modifier_rank_work_on_an_init_model(job: Any, stage: int) -> None:
+    res = job(2, "init_workers.modify_gathered", {"stage": stage})
+    for rank, r in enumerate(res):
+        embed = r["params"]["model.embed_tokens.weight"]
+        # One AdamW step (lr 1e-2) from 0.5 moves each element by at most about lr.
+        assert (embed - 0.5).abs().max() <= 0.011, f"rank {rank}: rank 0's values did not reach it"
+        _equal(r["params"], res[0]["params"], f"rank {rank} against rank 0")

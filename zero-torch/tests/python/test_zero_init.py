@@ -33,6 +33,7 @@ def _equal(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], what: str) ->
     ("gpt2", 3, "fp32", 2, 0.5),
     ("gpt2", 2, "bf16", 1, 0.0),
     ("llama", 1, "bf16", 2, 0.0),
+    ("llama", 3, "fp16", 1, 1.0),
 ])
 def test_a_model_built_inside_init_trains_to_the_bits_of_the_ordinary_path(
         job: Any, model: str, stage: int, dtype: str, gas: int, clip: float) -> None:
@@ -56,6 +57,8 @@ def test_the_seeded_fill_does_not_depend_on_world_size_or_stage(job: Any) -> Non
     two = job(2, "init_workers.seeded", {**args, "stage": 3})
     for r in two:
         _equal(r["start"], one, "world 2, stage 3 against world 1, stage 0")
+    for r in job(4, "init_workers.seeded", {**args, "stage": 2}):
+        _equal(r["start"], one, "world 4, stage 2 against world 1, stage 0")
     other = job(1, "init_workers.seeded", {**args, "stage": 0, "seed": 8})[0]["start"]
     assert not torch.equal(other["model.layers.0.self_attn.q_proj.weight"], one["model.layers.0.self_attn.q_proj.weight"])
 
@@ -122,6 +125,15 @@ def test_from_pretrained_errors_reach_every_rank_at_initialize(job: Any, saved: 
         assert r.get("exception") == "CheckpointError", r
     assert shard.name in res[1]["error"], res[1]["error"]
     assert "rank 1" in res[0]["error"], res[0]["error"]
+    # A shard the index names is missing.
+    gone = tmp_path / "gone"
+    shutil.copytree(saved["root"] / "llama", gone)
+    lost = sorted(gone.glob("*.safetensors"))[0]
+    lost.unlink()
+    res = job(2, "init_workers.pretrained", {"path": str(gone), "stage": 3, "dtype": "fp32"}, expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "CheckpointError", r
+        assert lost.name in r["error"], r["error"]
     # Weights saved tied (no lm_head.weight) under an untied model's config.json.
     from transformers import LlamaConfig, LlamaForCausalLM
 

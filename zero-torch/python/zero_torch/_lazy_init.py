@@ -17,18 +17,14 @@ depend on the seed and the unit names only, never on the world size or the stage
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
 
 from .errors import ZeroError
-
-PathLike = Union[str, os.PathLike]
-
 
 @dataclass(frozen=True)
 class LazySpec:
@@ -45,18 +41,22 @@ def spec_of(p: torch.Tensor) -> Optional[LazySpec]:
     return getattr(p, "_zero_lazy", None)
 
 
+def _poison(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """One poison element (NaN, or 0 for integers) of ``dtype``, expanded to ``shape``."""
+    value = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
+    return torch.full((), value, dtype=dtype).expand(shape)
+
+
 def placeholder(shape: torch.Size, dtype: torch.dtype, requires_grad: bool, spec: LazySpec) -> torch.nn.Parameter:
     """A parameter of ``shape`` and ``dtype`` holding one poison element, expanded."""
-    poison = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    p = torch.nn.Parameter(torch.full((), poison, dtype=dtype).expand(shape), requires_grad=requires_grad)
+    p = torch.nn.Parameter(_poison(shape, dtype), requires_grad=requires_grad)
     p._zero_lazy = spec  # type: ignore[attr-defined]
     return p
 
 
 def retype(p: torch.nn.Parameter, dtype: torch.dtype) -> None:
     """Points placeholder ``p`` at poison of ``dtype`` (the engine trains in it)."""
-    poison = float("nan") if dtype.is_floating_point else 0
-    p.data = torch.full((), poison, dtype=dtype).expand(p.shape)
+    p.data = _poison(p.shape, dtype)
 
 
 class Construction:
@@ -68,12 +68,12 @@ class Construction:
         self.spec = spec
         self.dtype = dtype
         self.modules: List["weakref.ref[torch.nn.Module]"] = []
-        self._seen: Dict[int, bool] = {}
+        self._seen: Set[int] = set()
         self._handle = torch.nn.modules.module.register_module_parameter_registration_hook(self._hook)
 
     def _hook(self, module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> Optional[torch.nn.Parameter]:
         if id(module) not in self._seen:
-            self._seen[id(module)] = True
+            self._seen.add(id(module))
             self.modules.append(weakref.ref(module))
         if param is None or param.is_meta or spec_of(param) is not None:
             return None
@@ -201,8 +201,7 @@ class UnitFill:
         if self.current is None:
             return
         for p in self.current.params:
-            spec = spec_of(p.param)
-            if spec is not None:
+            if spec_of(p.param) is not None:
                 retype(p.param, p.param.dtype)
         self.current = None
 

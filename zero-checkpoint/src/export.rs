@@ -5,6 +5,8 @@
 //!
 //! `zero-ckpt to-safetensors` exports a checkpoint's fp32 master weights this way (in
 //! fp32 or a 16-bit dtype); `Engine::save_16bit_model` writes the trained 16-bit weights.
+//! Several ranks can share the writing ([`HfWriter::shared`]): every rank plans the same
+//! shards, shard `k` is written by rank `k mod world`, and rank 0 writes the index.
 
 use super::format::{dtype_name, safetensors_header, TensorSpec};
 use super::resolve::{CheckpointDir, StateKind};
@@ -87,7 +89,8 @@ pub fn encode_into(values: &[f32], dtype: DType, dst: &mut [u8]) -> Result<(), C
     Ok(())
 }
 
-/// Writes tensors, in the order planned, into Hugging Face shards.
+/// Writes tensors, in the order planned, into Hugging Face shards: all of them, or (shared
+/// among ranks) the shards of one rank.
 #[derive(Debug)]
 pub struct HfWriter {
     dir: PathBuf,
@@ -97,18 +100,40 @@ pub struct HfWriter {
     next: usize,
     current: Option<FileWriter>,
     written: Vec<WrittenFile>,
-    weight_map: BTreeMap<String, String>,
-    total: u64,
+    rank: usize,
+    world: usize,
 }
 
 impl HfWriter {
-    /// Plans the shards of `tensors` under `dir` (created if needed).
+    /// Plans the shards of `tensors` under `dir` (created if needed); this writer writes
+    /// every shard and the index.
     pub fn new(
         dir: &Path,
         tensors: &[TensorSpec],
         max_shard_bytes: u64,
         buffer: usize,
     ) -> Result<Self, CheckpointError> {
+        Self::shared(dir, tensors, max_shard_bytes, buffer, 0, 1)
+    }
+
+    /// The writer of rank `rank` of `world` ranks that share the writing of one folder
+    /// (which they all see): each plans the same shards from the same `tensors` and is
+    /// given every tensor in order, writes the shards `k` with `k mod world == rank`
+    /// ([`Self::owns_next`]; the others' tensors are passed with [`Self::skip_tensor`]),
+    /// and rank 0 writes the index.
+    pub fn shared(
+        dir: &Path,
+        tensors: &[TensorSpec],
+        max_shard_bytes: u64,
+        buffer: usize,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self, CheckpointError> {
+        if world == 0 || rank >= world {
+            return Err(CheckpointError::Io(format!(
+                "rank {rank} of a world of {world} cannot share a write"
+            )));
+        }
         std::fs::create_dir_all(dir)
             .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", dir.display())))?;
         Ok(Self {
@@ -119,9 +144,56 @@ impl HfWriter {
             next: 0,
             current: None,
             written: Vec::new(),
-            weight_map: BTreeMap::new(),
-            total: 0,
+            rank,
+            world,
         })
+    }
+
+    /// Whether this writer writes the next planned tensor (its shard is this rank's); where
+    /// not, pass it with [`Self::skip_tensor`] instead of computing its values.
+    pub fn owns_next(&self) -> bool {
+        self.shard % self.world == self.rank
+    }
+
+    /// The next planned tensor, `name`, checked and passed: another rank writes it.
+    pub fn skip_tensor(&mut self, name: &str) -> Result<(), CheckpointError> {
+        let spec = self.next_spec(name, None)?;
+        if self.owns_next() {
+            return Err(CheckpointError::Io(format!(
+                "`{}` is this rank's to write, not to skip",
+                spec.name
+            )));
+        }
+        self.advance()
+    }
+
+    /// The next planned tensor's spec, checked against `name` (and the count of values).
+    fn next_spec(&self, name: &str, values: Option<usize>) -> Result<TensorSpec, CheckpointError> {
+        let spec = self
+            .shards
+            .get(self.shard)
+            .and_then(|s| s.get(self.next))
+            .cloned()
+            .ok_or_else(|| CheckpointError::Io(format!("`{name}` was not planned")))?;
+        let count = spec.shape.iter().product::<usize>();
+        if spec.name != name || values.is_some_and(|n| n != count) {
+            return Err(CheckpointError::Io(format!(
+                "`{name}` ({} values) written where `{}` {:?} was planned",
+                values.unwrap_or(count),
+                spec.name,
+                spec.shape
+            )));
+        }
+        Ok(spec)
+    }
+
+    /// Past the tensor just written or skipped; a finished shard is closed.
+    fn advance(&mut self) -> Result<(), CheckpointError> {
+        self.next += 1;
+        if self.next == self.shards[self.shard].len() {
+            self.close_shard()?;
+        }
+        Ok(())
     }
 
     fn shard_name(&self, k: usize) -> String {
@@ -131,18 +203,13 @@ impl HfWriter {
     /// Writes the next planned tensor, `name`, from its values in `f32` (rounded to the
     /// planned dtype).
     pub fn write_tensor(&mut self, name: &str, values: &[f32]) -> Result<(), CheckpointError> {
-        let spec = self
-            .shards
-            .get(self.shard)
-            .and_then(|s| s.get(self.next))
-            .cloned()
-            .ok_or_else(|| CheckpointError::Io(format!("`{name}` was not planned")))?;
-        if spec.name != name || spec.shape.iter().product::<usize>() != values.len() {
+        let spec = self.next_spec(name, Some(values.len()))?;
+        if !self.owns_next() {
             return Err(CheckpointError::Io(format!(
-                "`{name}` ({} values) written where `{}` {:?} was planned",
-                values.len(),
-                spec.name,
-                spec.shape
+                "`{name}` is in shard {} of {}, rank {}'s to write",
+                self.shard + 1,
+                self.shards.len(),
+                self.shard % self.world
             )));
         }
         if self.current.is_none() {
@@ -161,14 +228,7 @@ impl HfWriter {
             let first = at / size;
             encode_into(&values[first..first + dst.len() / size], spec.dtype, dst)
         })?;
-        let file = self.shard_name(self.shard);
-        self.weight_map.insert(spec.name.clone(), file);
-        self.total += spec.bytes() as u64;
-        self.next += 1;
-        if self.next == self.shards[self.shard].len() {
-            self.close_shard()?;
-        }
-        Ok(())
+        self.advance()
     }
 
     fn close_shard(&mut self) -> Result<(), CheckpointError> {
@@ -180,8 +240,8 @@ impl HfWriter {
         Ok(())
     }
 
-    /// Finishes the last shard (an empty model still gets one) and writes the index; the
-    /// files written.
+    /// Finishes the last shard (an empty model still gets one, from rank 0) and, on rank 0,
+    /// writes the index; the files this writer wrote.
     pub fn finish(mut self) -> Result<Vec<WrittenFile>, CheckpointError> {
         if self.shard < self.shards.len() {
             if self.shards[self.shard].len() != self.next {
@@ -190,7 +250,7 @@ impl HfWriter {
                     self.shards[self.shard].len() - self.next
                 )));
             }
-            if self.current.is_none() && self.shards[self.shard].is_empty() {
+            if self.current.is_none() && self.shards[self.shard].is_empty() && self.rank == 0 {
                 let mut w = FileWriter::create(&self.dir.join(self.shard_name(0)), self.buffer)?;
                 let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
                 w.write(&safetensors_header(&[], meta)?)?;
@@ -198,9 +258,20 @@ impl HfWriter {
             }
             self.close_shard()?;
         }
+        if self.rank != 0 {
+            return Ok(self.written);
+        }
+        let mut weight_map = BTreeMap::new();
+        let mut total = 0u64;
+        for (k, shard) in self.shards.iter().enumerate() {
+            for spec in shard {
+                weight_map.insert(spec.name.clone(), self.shard_name(k));
+                total += spec.bytes() as u64;
+            }
+        }
         let index = serde_json::json!({
-            "metadata": {"total_size": self.total},
-            "weight_map": self.weight_map,
+            "metadata": {"total_size": total},
+            "weight_map": weight_map,
         });
         let text =
             serde_json::to_vec_pretty(&index).map_err(|e| CheckpointError::Io(e.to_string()))?;
@@ -270,6 +341,7 @@ pub fn dtype_label(d: DType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
 
     #[test]
     fn sizes_parse_as_hugging_face_writes_them() {
@@ -295,5 +367,61 @@ mod tests {
             .map(|s| s.iter().map(|t| t.name.as_str()).collect())
             .collect();
         assert_eq!(names, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+    }
+
+    /// Three ranks sharing the writing give the files of one writer, byte for byte, each
+    /// rank its own shards; a rank that writes another's tensor, or skips its own, is told.
+    #[test]
+    fn ranks_sharing_a_write_give_one_writers_files() {
+        let seed = zero_kernels::testing::fresh_seed("shared HfWriter");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let specs: Vec<TensorSpec> = (0..11)
+            .map(|i| TensorSpec {
+                name: format!("t{i}"),
+                dtype: DType::BF16,
+                shape: vec![rng.gen_range(0..40), 3],
+            })
+            .collect();
+        let values: Vec<Vec<f32>> = specs
+            .iter()
+            .map(|t| {
+                (0..t.shape.iter().product::<usize>())
+                    .map(|_| rng.gen_range(-4.0f32..4.0))
+                    .collect()
+            })
+            .collect();
+        let one = tempfile::tempdir().unwrap();
+        let mut w = HfWriter::new(one.path(), &specs, 200, 64).unwrap();
+        for (t, v) in specs.iter().zip(&values) {
+            w.write_tensor(&t.name, v).unwrap();
+        }
+        let single = w.finish().unwrap();
+        let shared = tempfile::tempdir().unwrap();
+        let mut by_rank = Vec::new();
+        for rank in 0..3 {
+            let mut w = HfWriter::shared(shared.path(), &specs, 200, 64, rank, 3).unwrap();
+            for (t, v) in specs.iter().zip(&values) {
+                if w.owns_next() {
+                    let wrong = w.skip_tensor(&t.name).unwrap_err().to_string();
+                    assert!(wrong.contains("not to skip"), "{wrong}");
+                    w.write_tensor(&t.name, v).unwrap();
+                } else {
+                    let wrong = w.write_tensor(&t.name, v).unwrap_err().to_string();
+                    assert!(wrong.contains("'s to write"), "{wrong}");
+                    w.skip_tensor(&t.name).unwrap();
+                }
+            }
+            by_rank.push(w.finish().unwrap().len());
+        }
+        assert!(single.len() > 4, "seed {seed}: too few shards to share");
+        assert_eq!(by_rank.iter().sum::<usize>(), single.len(), "seed {seed}");
+        assert!(by_rank.iter().all(|&n| n > 0), "seed {seed}: {by_rank:?}");
+        for f in &single {
+            let name = f.path.file_name().unwrap();
+            let want = std::fs::read(&f.path).unwrap();
+            let got = std::fs::read(shared.path().join(name)).unwrap();
+            assert!(want == got, "seed {seed}: {name:?} differs");
+        }
+        assert!(HfWriter::shared(shared.path(), &specs, 200, 64, 3, 3).is_err());
     }
 }

@@ -472,3 +472,51 @@ fn save_16bit_model_writes_the_16_bit_weights_and_stage_3_needs_the_gather_key()
         }
     }
 }
+
+/// `save_hf_weights` shares the writing: at world 3, stage 3, with shards small enough to
+/// be many, every rank writes some shards and rank 0 the index, no file twice, and the
+/// folder holds the bits `save_16bit_model` (rank 0 alone) writes.
+#[test]
+fn save_hf_weights_shares_the_shards_among_the_ranks() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let modules = model(700);
+    let cfg = config(3, r#", "stage3_gather_16bit_weights_on_model_save": true"#);
+    let (shared, alone) = (tmp.path().join("shared"), tmp.path().join("alone"));
+    let written = on_ranks(3, &cfg, &modules, |e| {
+        step(e);
+        e.save_16bit_model(&alone).expect("save 16-bit");
+        let files = e
+            .save_hf_weights(&shared, 400, zero_kernels::DType::BF16)
+            .expect("shared save");
+        files
+            .iter()
+            .map(|f| {
+                f.path
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut all: Vec<&String> = written.iter().flatten().collect();
+    for (rank, files) in written.iter().enumerate() {
+        println!("rank {rank} wrote {files:?}");
+        assert!(
+            files.iter().any(|f| f.ends_with(".safetensors")),
+            "rank {rank} wrote no shard: {files:?}"
+        );
+        assert_eq!(
+            files.iter().any(|f| f == "model.safetensors.index.json"),
+            rank == 0,
+            "rank {rank}: {files:?}"
+        );
+    }
+    let count = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), count, "a file written twice: {written:?}");
+    let on_disk = std::fs::read_dir(&shared).expect("folder").count();
+    assert_eq!(on_disk, count, "files on disk against files reported");
+    assert_eq!(read_export(&shared), read_export(&alone));
+}

@@ -649,8 +649,8 @@ impl NativeEngine {
     }
 
     /// Writes the weights as Hugging Face safetensors shards of at most `max_shard_bytes`
-    /// into `save_dir`, in `dtype` ("fp32", "bf16", "fp16"; rank 0 writes, every rank
-    /// calls it); returns the files written.
+    /// into `save_dir`, in `dtype` ("fp32", "bf16", "fp16"; every rank calls it and writes
+    /// its share of the shards, rank 0 the index); returns the files this rank wrote.
     fn save_hf_weights(
         &self,
         py: Python<'_>,

@@ -169,7 +169,7 @@ class HfCheckpointMethods:
         return len(wanted)
 
     def save_hf_checkpoint(self, path: PathLike, max_shard_size: Union[int, str] = "5GB",
-                           dtype: Optional[torch.dtype] = None) -> None:
+                           dtype: Optional[torch.dtype] = None) -> List[str]:
         """Writes the model as a Hugging Face folder that ``from_pretrained`` (transformers'
         or zero_torch's) and Python's ``safetensors`` read: ``config.json`` (the model's
         ``config``, where it has one), ``model-0000k-of-0000n.safetensors`` shards of at
@@ -177,12 +177,15 @@ class HfCheckpointMethods:
         ``"500MiB"``) and ``model.safetensors.index.json``. Each parameter is whole, in
         ``dtype`` (default: the run's dtype; ``torch.float32`` widens the parameters'
         values), tied weights under each of their names. Every rank calls it: the ranks
-        gather one bucket at a time and rank 0 writes, so no rank holds the model.
+        gather one bucket at a time, so no rank holds the model, and share the writing:
+        shard ``k`` is written by rank ``k mod world_size``, the index and config by rank 0
+        (so ``path`` must be a folder every rank sees: one host, or a shared filesystem).
+        Returns the names of the files this rank wrote.
 
         The folder appears whole or not at all: the files go to ``path`` + ``.zt-saving``
         first and replace ``path`` in one rename (an exchange where the kernel has
-        ``renameat2``). Any rank's failure raises on every rank and leaves an earlier
-        ``path`` as it was."""
+        ``renameat2``) once every rank has written its shards. Any rank's failure raises on
+        every rank and leaves an earlier ``path`` as it was."""
         from . import _dist
 
         rt = self._runtime  # type: ignore[attr-defined]
@@ -195,10 +198,22 @@ class HfCheckpointMethods:
         if name is None:
             raise ValueError(f"save_hf_checkpoint(dtype={dtype}): the weights are saved as float32, bfloat16 or float16")
         rank = self.global_rank  # type: ignore[attr-defined]
-        if rank == 0:
-            _remove(staging)
-        rt.native.save_hf_weights(staging, limit, name)
         failure = ""
+        if rank == 0:
+            try:
+                _remove(staging)
+            except OSError as e:
+                failure = f"rank 0 could not clear {staging}: {e}"
+        # Every rank starts writing once the old staging folder is gone.
+        failure = _dist.broadcast_text(failure)
+        if failure:
+            raise CheckpointError(failure)
+        try:
+            files = rt.native.save_hf_weights(staging, limit, name)
+        except Exception:  # raised on every rank, once every rank has stopped writing
+            if rank == 0:
+                _remove(staging)
+            raise
         if rank == 0:
             try:
                 config = getattr(self.module, "config", None)  # type: ignore[attr-defined]
@@ -214,6 +229,7 @@ class HfCheckpointMethods:
         failure = _dist.broadcast_text(failure)
         if failure:
             raise CheckpointError(failure)
+        return [os.path.basename(f) for f in files]
 
     def load_report(self) -> Optional[Dict[str, Any]]:
         """What the last ``load_hf_checkpoint`` cost this rank: ``bytes_requested`` (the

@@ -132,10 +132,10 @@ def save_hf(path: str, stage: int, dtype: str, steps: int = 2, save_dtype: Optio
     if save_dtype is not None:
         kwargs["dtype"] = getattr(torch, save_dtype)
     try:
-        engine.save_hf_checkpoint(path, **kwargs)
+        written = engine.save_hf_checkpoint(path, **kwargs)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "params": params}
-    return {"params": params, "logits": logits}
+    return {"params": params, "logits": logits, "written": written}
 
 
 def modify_gathered(stage: int) -> Dict[str, Any]:

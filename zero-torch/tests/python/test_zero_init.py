@@ -159,8 +159,12 @@ def test_save_hf_checkpoint_is_read_by_transformers_and_from_pretrained(
                                           "model": model})
     assert res[0]["params"].keys() == res[1]["params"].keys()
     assert (out / "config.json").exists() and (out / "model.safetensors.index.json").exists()
-    assert len(list(out.glob("model-*.safetensors"))) > 1, "40 KB shards"
+    shards = sorted(f.name for f in out.glob("model-*.safetensors"))
+    assert len(shards) > 1, "40 KB shards"
     assert not list(tmp_path.glob("*.zt-saving")), "the staging folder is gone"
+    # The ranks share the writing: shard k (from 1) by rank (k - 1) mod 2, the index by rank 0.
+    assert res[0]["written"] == shards[0::2] + ["model.safetensors.index.json"], res[0]["written"]
+    assert res[1]["written"] == shards[1::2], res[1]["written"]
     stored = {torch.float32: torch.float32, None: DTYPES[dtype]}[getattr(torch, save_dtype) if save_dtype else None]
     for f in out.glob("model-*.safetensors"):
         with safe_open(str(f), "pt") as st:

@@ -89,9 +89,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Every rank's outcome of a local part: `Ok` where all succeeded; else this rank's
     /// own error, or the first failing rank's.
-    pub(super) fn agree_outcome(
+    pub(super) fn agree_outcome<E: Into<EngineError> + std::fmt::Display>(
         &mut self,
-        mine: Result<(), CheckpointError>,
+        mine: Result<(), E>,
         during: &str,
     ) -> Result<(), EngineError> {
         let text = match &mine {
@@ -99,7 +99,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Err(e) => format!("!{}", clip(&e.to_string(), TEXT_MAX - 1)),
         };
         let all = self.gather_texts(&text, during)?;
-        mine?;
+        mine.map_err(Into::into)?;
         match all.iter().enumerate().find(|(_, t)| t.starts_with('!')) {
             Some((rank, t)) => Err(CheckpointError::RankFailed {
                 rank,

@@ -1,8 +1,8 @@
 //! `save_16bit_model`: the trained weights in the run's 16-bit dtype, consolidated into
-//! one Hugging Face safetensors set by rank 0.
+//! one Hugging Face safetensors set by rank 0 (as DeepSpeed writes it); `save_hf_weights`:
+//! the same set with the writing shared among the ranks.
 
 use super::super::Engine;
-use super::agree::{clip, TEXT_MAX};
 use crate::checkpoint::export::{HfWriter, DEFAULT_MAX_SHARD};
 use crate::checkpoint::format::TensorSpec;
 use crate::checkpoint::CheckpointError;
@@ -25,61 +25,56 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if self.policy.shards_parameters() && !self.cfg.zero.gather_16bit_weights_on_model_save {
             return Err(CheckpointError::Gather16.into());
         }
-        self.save_weights(dir, DEFAULT_MAX_SHARD, self.dtype, true)
+        self.save_weights(dir, DEFAULT_MAX_SHARD, self.dtype, true, false)
     }
 
     /// Writes the model's weights to `dir` as Hugging Face safetensors shards of at most
     /// `max_shard_bytes` (`model-0000k-of-0000n.safetensors` and
     /// `model.safetensors.index.json`), each parameter whole in `dtype` (the parameters'
     /// values, widened or rounded), tied weights once under their first name, as
-    /// `save_pretrained` stores them. Every rank calls it; rank 0 writes while the ranks
-    /// gather one bucket at a time. Any rank's failure is an error on every rank. Returns
-    /// the files written (on rank 0; empty elsewhere).
+    /// `save_pretrained` stores them. Every rank calls it, and the ranks share the writing
+    /// of `dir` (a folder they all see: one host, or a shared filesystem): shard `k` is
+    /// written by rank `k mod world`, the index by rank 0, while the ranks gather one bucket
+    /// at a time. Any rank's failure is an error on every rank. Returns the files this rank
+    /// wrote.
     pub fn save_hf_weights(
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
         dtype: zero_kernels::DType,
     ) -> Result<Vec<WrittenFile>, EngineError> {
-        self.save_weights(dir, max_shard_bytes, dtype, false)
+        self.save_weights(dir, max_shard_bytes, dtype, false, true)
     }
 
-    /// Both savers: with `aliases`, tied weights under each of their names.
+    /// Both savers: with `aliases`, tied weights under each of their names; with `shared`,
+    /// every rank writes its shards (else rank 0 writes all).
     fn save_weights(
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
         dtype: zero_kernels::DType,
         aliases: bool,
+        shared: bool,
     ) -> Result<Vec<WrittenFile>, EngineError> {
         self.require_boundary("saving the model's weights")?;
-        let result = self.write_hf(dir, max_shard_bytes, dtype, aliases);
-        let verdict = self.broadcast_text(
-            &match &result {
-                Ok(_) => String::new(),
-                Err(e) => clip(&e.to_string(), TEXT_MAX).to_string(),
-            },
-            "saving the model's weights",
-        )?;
-        match result {
-            Err(e) => Err(e),
-            Ok(_) if !verdict.is_empty() => Err(CheckpointError::RankFailed {
-                rank: 0,
-                message: verdict,
-            }
-            .into()),
-            Ok(files) => Ok(files),
-        }
+        let mut files = Vec::new();
+        let result = self
+            .write_hf(dir, max_shard_bytes, dtype, aliases, shared)
+            .map(|written| files = written);
+        self.agree_outcome(result, "saving the model's weights")?;
+        Ok(files)
     }
 
-    /// Rank 0 writes, bucket by bucket (a stage-3 bucket gathered on every rank first),
-    /// then the frozen parameters.
+    /// The writers (every rank with `shared`, else rank 0) write bucket by bucket (a
+    /// stage-3 bucket gathered on every rank first), then the frozen parameters; each
+    /// downloads only the tensors of its own shards.
     fn write_hf(
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
         dtype: zero_kernels::DType,
         aliases: bool,
+        shared: bool,
     ) -> Result<Vec<WrittenFile>, EngineError> {
         let mut order: Vec<usize> = Vec::with_capacity(self.param_count());
         for plan in &self.plan.buckets {
@@ -87,7 +82,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let frozen = self.frozen_params();
         order.extend(frozen.iter().map(|&(id, _)| id));
-        let mut writer = if self.rank == 0 {
+        let mut writer = if shared || self.rank == 0 {
             let mut specs: Vec<TensorSpec> = Vec::with_capacity(order.len());
             for &id in &order {
                 for name in self.names_of(id, aliases) {
@@ -98,7 +93,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     });
                 }
             }
-            Some(HfWriter::new(dir, &specs, max_shard_bytes, DEFAULT_BUFFER)?)
+            let (rank, world) = if shared {
+                (self.rank, self.world)
+            } else {
+                (0, 1)
+            };
+            Some(HfWriter::shared(
+                dir,
+                &specs,
+                max_shard_bytes,
+                DEFAULT_BUFFER,
+                rank,
+                world,
+            )?)
         } else {
             None
         };
@@ -127,10 +134,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .ok_or_else(|| EngineError::Internal("parameters in flight".into()))
                     .and_then(|full| {
                         for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
-                            let values = self.dev.download_f32(full, layout.tensor_range(i))?;
-                            for name in self.names_of(id, aliases) {
-                                w.write_tensor(&name, &values)?;
-                            }
+                            let range = layout.tensor_range(i);
+                            self.write_param(w, id, aliases, |e| e.dev.download_f32(full, range))?;
                         }
                         Ok(())
                     });
@@ -145,12 +150,37 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         };
         for (id, offset) in frozen {
             let n = self.param_spec(id).numel();
-            let values = self.dev.download_f32(&self.frozen, offset..offset + n)?;
-            for name in self.names_of(id, aliases) {
-                w.write_tensor(&name, &values)?;
-            }
+            self.write_param(&mut w, id, aliases, |e| {
+                e.dev.download_f32(&e.frozen, offset..offset + n)
+            })?;
         }
         Ok(w.finish()?)
+    }
+
+    /// Parameter `id` under each of its names, its values downloaded by `values` only where
+    /// `w` writes them.
+    fn write_param(
+        &self,
+        w: &mut HfWriter,
+        id: usize,
+        aliases: bool,
+        values: impl FnOnce(&Self) -> Result<Vec<f32>, EngineError>,
+    ) -> Result<(), EngineError> {
+        let names = self.names_of(id, aliases);
+        // Tied names are planned one after another and can straddle a shard's end.
+        let mut fetch = Some(values);
+        let mut got: Vec<f32> = Vec::new();
+        for name in names {
+            if !w.owns_next() {
+                w.skip_tensor(&name)?;
+                continue;
+            }
+            if let Some(f) = fetch.take() {
+                got = f(self)?;
+            }
+            w.write_tensor(&name, &got)?;
+        }
+        Ok(())
     }
 
     /// Parameter `id`'s name, then (with `aliases`) its other names (tied weights).

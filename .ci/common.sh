@@ -9,7 +9,7 @@ export CARGO_INCREMENTAL=0
 # test asks), ninja (DeepSpeed's JIT needs it), pytest and maturin, pinned, for
 # zero-torch's tests and the launcher (torchrun): one folder, target/py-torch.
 TORCH_SITE="$PWD/target/py-torch"
-TORCH_PKGS="torch==2.11.0 transformers==5.23.0 deepspeed==0.19.8 ninja==1.13.0 numpy==2.2.6 pytest==8.4.2 maturin==1.16.0"
+TORCH_PKGS="torch==2.11.0 transformers==5.23.0 deepspeed==0.19.8 accelerate==1.15.0 ninja==1.13.0 numpy==2.2.6 pytest==8.4.2 maturin==1.16.0"
 
 # Installs $TORCH_PKGS into $TORCH_SITE unless it holds them (three tries).
 install_torch() {

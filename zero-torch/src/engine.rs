@@ -333,6 +333,13 @@ impl NativeEngine {
         outcome_dict(py, &out)
     }
 
+    /// Whether the next micro-steps end the accumulation window (`None`: count
+    /// `gradient_accumulation_steps`), as `set_gradient_accumulation_boundary` declares it.
+    #[pyo3(signature = (boundary))]
+    fn set_accumulation_boundary(&self, py: Python<'_>, boundary: Option<bool>) -> PyResult<()> {
+        detached!(self, py, e => e.set_accumulation_boundary(boundary))
+    }
+
     /// The next pass's gradients add to those of the micro-step that just ended (a
     /// second `backward()` before `step()`).
     fn reopen_micro_step(&self, py: Python<'_>) -> PyResult<()> {

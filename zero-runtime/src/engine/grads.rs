@@ -63,6 +63,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     fn end_micro_step(&mut self) {
         self.trim_pool();
+        self.last_pass_boundary = self.pass_ends_window();
         self.micro_done += 1;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
@@ -91,7 +92,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.micro_done, self.ready_count
             )));
         }
-        if self.micro_done < self.cfg.gradient_accumulation_steps {
+        if !self.last_pass_boundary {
             self.micro_done -= 1;
             return Ok(());
         }
@@ -180,7 +181,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn bucket_ready(&mut self, b: usize) -> Result<(), EngineError> {
         let t0 = Instant::now();
         let k = self.cfg.gradient_accumulation_steps;
-        let boundary = self.micro_done + 1 == k;
+        let boundary = self.pass_ends_window();
         let part = self.plan.buckets[b].layout.partition_len();
         let reduction = if !self.policy.shards_gradients() {
             let total = self.plan.buckets[b].layout.total_len();

@@ -141,6 +141,11 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     global_steps: u64,
     skipped_steps: u64,
     micro_done: u64,
+    /// The window's end as the trainer declares it (`set_accumulation_boundary`), instead
+    /// of counting `gradient_accumulation_steps` micro-steps.
+    window_end: Option<bool>,
+    /// Whether the micro-step that ended last was the window's last (its reductions ran).
+    last_pass_boundary: bool,
     ready: Vec<bool>,
     /// Modules fetched in this micro-step: a second fetch starts the backward phase.
     fetched: Vec<bool>,
@@ -383,6 +388,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             global_steps: 0,
             skipped_steps: 0,
             micro_done: 0,
+            window_end: None,
+            last_pass_boundary: false,
             ready_count: 0,
             trainable_modules,
             trace: gather::Trace::default(),
@@ -480,6 +487,35 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Micro-steps per optimizer step.
     pub fn gradient_accumulation_steps(&self) -> u64 {
         self.cfg.gradient_accumulation_steps
+    }
+
+    /// Declares whether the next micro-steps end the accumulation window (`Some`), as
+    /// DeepSpeed's `set_gradient_accumulation_boundary` (accelerate calls it before every
+    /// backward, and steps only at a boundary): a window then holds as many micro-steps as
+    /// the trainer ran, a short last one included, and `step()` follows a micro-step
+    /// declared the boundary. `None` counts `gradient_accumulation_steps` again. A window
+    /// of several micro-steps needs the accumulation buffers, so `Some(false)` with
+    /// `gradient_accumulation_steps` 1 is refused. Set it between micro-steps.
+    pub fn set_accumulation_boundary(&mut self, boundary: Option<bool>) -> Result<(), EngineError> {
+        if boundary == Some(false) && self.cfg.gradient_accumulation_steps == 1 {
+            return Err(EngineError::Order(
+                "set_gradient_accumulation_boundary(False) with gradient_accumulation_steps 1: a window of several micro-steps needs gradient_accumulation_steps > 1 in the config".into(),
+            ));
+        }
+        if self.ready_count != 0 {
+            return Err(EngineError::Order(format!(
+                "set_gradient_accumulation_boundary during a micro-step ({} modules reported ready): set it before the backward",
+                self.ready_count
+            )));
+        }
+        self.window_end = boundary;
+        Ok(())
+    }
+
+    /// Whether the micro-step under way ends the window.
+    fn pass_ends_window(&self) -> bool {
+        self.window_end
+            .unwrap_or(self.micro_done + 1 == self.cfg.gradient_accumulation_steps)
     }
 
     /// Whether the gradient buffers accumulate the micro-steps in place (fp32 gradients,

@@ -81,7 +81,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// the step is skipped (everything a skip does is done), else how to scale.
     fn open_step(&mut self) -> Result<Result<External, StepOutcome>, EngineError> {
         let k = self.cfg.gradient_accumulation_steps;
-        if self.micro_done != k || self.ready_count != 0 {
+        let complete = match self.window_end {
+            Some(_) => self.micro_done >= 1 && self.last_pass_boundary,
+            None => self.micro_done == k,
+        };
+        if !complete || self.ready_count != 0 {
             return Err(EngineError::Order(format!(
                 "step() after {} of {k} micro-steps (and {} modules of the current one): every trainable module must call grads_ready in each micro-step",
                 self.micro_done, self.ready_count
@@ -149,6 +153,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.free_all_gathered()?;
         }
         self.micro_done = 0;
+        self.last_pass_boundary = false;
         self.timings.step_ended(t0.elapsed());
         self.last_step_comm = diff(self.counters, self.counters_at_step_start);
         self.counters_at_step_start = self.counters;
@@ -505,6 +510,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.finish_all()?;
         self.clear_gradients()?;
         self.micro_done = 0;
+        self.last_pass_boundary = false;
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
         self.fetched.iter_mut().for_each(|f| *f = false);

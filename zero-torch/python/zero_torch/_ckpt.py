@@ -254,6 +254,17 @@ class CheckpointMethods:
             torch.save(state, os.path.join(save_dir, save_filename))
         return True
 
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> Dict[str, torch.Tensor]:
+        """DeepSpeed's: the model's ``state_dict`` with every parameter whole, in the run's
+        dtype, on rank 0 (empty elsewhere), gathered one module at a time; every rank calls
+        it (accelerate's ``get_state_dict`` and the Trainer's ``save_model`` do). With
+        ``exclude_frozen_parameters``, parameters that do not train are left out."""
+        state = self._consolidated_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}  # type: ignore[attr-defined]
+            state = {n: t for n, t in state.items() if n not in frozen}
+        return state
+
     def _consolidated_state_dict(self) -> Dict[str, torch.Tensor]:
         """The model's ``state_dict`` with every parameter whole, on rank 0 (empty
         elsewhere); stage 3 gathers one module's parameters at a time."""

@@ -216,6 +216,15 @@ def broadcast_model(module: torch.nn.Module) -> None:
     # zero.Init's placeholders hold no values: their fill is the same on every rank.
     tensors = [p.data for p in module.parameters() if getattr(p, "_zero_lazy", None) is None]
     tensors += [b for b in module.buffers()]
+    broadcast_tensors(tensors, 0)
+
+
+def broadcast_tensors(tensors: List[torch.Tensor], src: int) -> None:
+    """Rank ``src``'s values of ``tensors`` (the same list, in the same order, on every
+    rank) written into them on every rank; nothing in a world of one. One collective per
+    dtype and device: the tensors are flattened into one buffer each."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
     seen = set()
     groups: dict = {}
     for t in tensors:
@@ -228,7 +237,7 @@ def broadcast_model(module: torch.nn.Module) -> None:
             raise CommError(f"tensors on {device} cannot cross a gloo group")
         flat = torch.cat([t.detach().reshape(-1) for t in ts])
         as_bytes = flat.view(torch.uint8) if dtype.is_floating_point or dtype == torch.bool else flat
-        dist.broadcast(as_bytes, src=0)
+        dist.broadcast(as_bytes, src=src)
         at = 0
         with torch.no_grad():
             for t in ts:

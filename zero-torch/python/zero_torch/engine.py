@@ -108,6 +108,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             # Built now, filling the model unit by unit: its first forward needs values.
             self._runtime.ensure_built()
         self.micro_steps = 0
+        self._boundary: Optional[bool] = None
         self._last_step: Optional[Dict[str, Any]] = None
         self.optimizer: Optional[ZeroOptimizer] = ZeroOptimizer(self) if self._plan.basic is not None else None
         """What ``initialize`` returns as the optimizer (``None`` without one, as DeepSpeed)."""
@@ -217,6 +218,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             raise ValueError("backward() takes the scalar loss tensor")
         gas = self.gradient_accumulation_steps()
         native = self._native
+        if self._boundary is not None:
+            native.set_accumulation_boundary(self._boundary)
         factor = native.loss_scale_factor() if scale_wrt_gas else native.loss_scale()
         previous = _hooks._BACKWARD_OWNER[0]
         _hooks._BACKWARD_OWNER[0] = self._runtime
@@ -230,8 +233,21 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         return loss / gas if scale_wrt_gas else loss
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """Whether the next ``step()`` applies the optimizer."""
+        """Whether the next ``step()`` applies the optimizer: what
+        ``set_gradient_accumulation_boundary`` last said, else whether this micro-step
+        completes ``gradient_accumulation_steps`` (as DeepSpeed decides)."""
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Says whether the next ``step()`` applies the optimizer, instead of counting
+        micro-steps (as DeepSpeed's, which accelerate calls before every ``backward``: its
+        loop calls ``step()`` only at a boundary, and at an epoch's end a window shorter than
+        ``gradient_accumulation_steps`` still steps). It holds until set again. A window of
+        several micro-steps needs ``gradient_accumulation_steps`` > 1 in the config (the
+        accumulation buffers): ``False`` with 1 raises :class:`~zero_torch.OrderError`."""
+        self._boundary = bool(is_boundary)
 
     def step(self, lr_kwargs: Optional[Dict[str, Any]] = None) -> None:
         """Counts a micro-step; at the accumulation boundary, the optimizer step

@@ -16,14 +16,18 @@ _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 parameters)."""
 
 
-def _engine_of(params: List[torch.nn.Parameter]) -> Any:
+def _engine_of(params: List[torch.nn.Parameter], before_engine: bool = False) -> Any:
+    """The engine that owns every one of ``params``; with ``before_engine``, ``None``
+    where none owns any of them (a model no engine has taken yet)."""
     for engine in list(_ENGINES):
         reg = engine._registry
         if all(id(p) in reg.by_id for p in params):
             return engine
+    if before_engine and not any(id(p) in e._registry.by_id for e in list(_ENGINES) for p in params):
+        return None
     raise ValueError(
-        "GatheredParameters: these parameters belong to no zero_torch engine (pass the "
-        "model's parameters after zero_torch.initialize())"
+        "GatheredParameters: these parameters belong to no zero_torch engine, or to several "
+        "(pass the parameters of one model)"
     )
 
 
@@ -34,6 +38,13 @@ class GatheredParameters:
 
     With ``modifier_rank=r``, changes rank ``r`` makes inside the block become the
     parameters' new values on every rank (and the fp32 master weights) on exit.
+
+    Before any engine has the model (as transformers loads a checkpoint under ZeRO-3,
+    rank 0 writing each module's weights inside the block), its parameters are whole
+    tensors: nothing is gathered, and on exit rank ``r``'s values are broadcast to every
+    rank through ``torch.distributed`` (when its group is up). A ``zero.Init`` parameter
+    without values (built with a ``seed``) cannot be written that way: that is a named
+    error (load such a model with ``zero_torch.from_pretrained``).
     """
 
     def __init__(
@@ -55,7 +66,16 @@ class GatheredParameters:
     def __enter__(self) -> "GatheredParameters":
         if not self.enabled:
             return self
-        self._engine = _engine_of(self.params)
+        self._engine = _engine_of(self.params, before_engine=True)
+        if self._engine is None:
+            lazy = [p for p in self.params if _lazy_init.spec_of(p) is not None]
+            if lazy and self.modifier_rank is not None:
+                raise UnsupportedError(
+                    f"GatheredParameters(modifier_rank={self.modifier_rank}) before initialize() on a parameter "
+                    f"zero.Init built without values (shape {tuple(lazy[0].shape)}): it has no storage to write; "
+                    "load the checkpoint with zero_torch.from_pretrained, or build inside zero.Init(seed=None)"
+                )
+            return self
         rt = self._engine._runtime
         rt.ensure_built()
         seen = set()
@@ -70,7 +90,13 @@ class GatheredParameters:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if not self.enabled or self._engine is None:
+        if not self.enabled:
+            return
+        if self._engine is None:
+            if self.modifier_rank is not None and not exc[0]:
+                from . import _dist
+
+                _dist.broadcast_tensors([p.data for p in self.params], self.modifier_rank)
             return
         rt = self._engine._runtime
         if self.modifier_rank is not None and not exc[0]:

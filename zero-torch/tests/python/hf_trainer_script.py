@@ -7,7 +7,7 @@ trained model's logits on a fixed batch (``logits.pt``).
 
 Variables: ``ZT_STAGE``, ``ZT_CASE`` (A: optimizer and scheduler in the config; B: the
 Trainer's optimizer; C: the Trainer's scheduler; D: both the Trainer's; E: as A, by epochs
-with a short last accumulation window), ``ZT_MODEL_DIR``, ``ZT_OUT_DIR``, ``ZT_RESUME``
+with a short last accumulation window; O: as A, with ``offload_optimizer: cpu``), ``ZT_MODEL_DIR``, ``ZT_OUT_DIR``, ``ZT_RESUME``
 (a ``checkpoint-N`` folder to resume from), ``ZT_RESULT`` (the JSON file)."""
 
 import os
@@ -32,6 +32,8 @@ cfg = {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
     "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True},
 }
+if case == "O":
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
 if case in ("B", "D"):
     del cfg["optimizer"]
 if case in ("C", "D"):

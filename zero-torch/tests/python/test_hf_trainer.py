@@ -8,11 +8,14 @@ engine exists, as transformers loads under ZeRO-3).
 - Stages 2 and 3 x the Trainer's four optimizer/scheduler cases (A: both in the config;
   B: the Trainer's optimizer, two parameter groups; C: the Trainer's scheduler; D: both
   the Trainer's), and E: by epochs, each ending with an accumulation window of one
-  micro-step (accelerate's ``set_gradient_accumulation_boundary``). Every logged loss and
+  micro-step (accelerate's ``set_gradient_accumulation_boundary``), and O: A with
+  ``offload_optimizer: cpu`` (DeepSpeed's ``DeepSpeedCPUAdam``). Every logged loss and
   the eval loss within 1e-5 relative of DeepSpeed's. DeepSpeed's stage 3 cannot load with
   ``from_pretrained`` at 2 ranks on CPU (its ``zero.Init`` builds its config before its
   process group exists, HF_TRAINER.md §6c), so its stage 2 is the reference for both:
   the stages compute the same function.
+- A plain ``Accelerator`` loop (``prepare``, ``accumulate``, ``backward``, ``step``) at
+  stages 2 and 3 logs DeepSpeed's losses (``hf_accelerate_script.py``).
 - ``save_model`` writes a folder plain transformers loads, giving the engine's logits on a
   fixed batch; a resume from ``checkpoint-2`` in new processes ends with the same saved
   model, byte for byte, as the uninterrupted run.
@@ -49,8 +52,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
-             resume: Optional[Path] = None) -> Dict[str, Any]:
-    """The script on 2 processes under torchrun; rank 0's JSON result."""
+             resume: Optional[Path] = None, script: Path = SCRIPT) -> Dict[str, Any]:
+    """``script`` on 2 processes under torchrun; rank 0's JSON result."""
+    out.mkdir(parents=True, exist_ok=True)
     result = out / "result.json"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update({"ZT_STAGE": str(stage), "ZT_CASE": case, "ZT_COMPAT": "1" if compat else "0",
@@ -58,7 +62,7 @@ def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
                 "ZT_RESUME": str(resume or ""), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
                 "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), str(SCRIPT)]
+           "--master-port", str(free_port()), str(script)]
     try:
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     except subprocess.TimeoutExpired as e:  # torchrun's agent kills its workers with it
@@ -82,7 +86,7 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= TOLERANCE * max(abs(a), abs(b))
 
 
-@pytest.mark.parametrize("case", ["A", "B", "C", "D", "E"])
+@pytest.mark.parametrize("case", ["A", "B", "C", "D", "E", "O"])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_trainer_on_zero_logs_deepspeeds_losses(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
                                                     stage: int, case: str) -> None:
@@ -122,3 +126,13 @@ def test_save_model_is_read_by_transformers_and_a_resume_ends_the_same(model_dir
     assert resumed["losses"][-2:] == whole["losses"][-2:], (resumed["losses"], whole["losses"])
     assert (resumed_dir / "final" / "model.safetensors").read_bytes() == saved.read_bytes(), \
         "the resumed run saved a different model"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_plain_accelerate_loop_on_zero_gives_deepspeeds_losses(model_dir: Path, tmp_path: Path, stage: int) -> None:
+    script = HERE / "hf_accelerate_script.py"
+    want = torchrun(model_dir, tmp_path / "deepspeed", stage, "-", compat=False, script=script)["losses"]
+    got = torchrun(model_dir, tmp_path / "zero", stage, "-", compat=True, script=script)["losses"]
+    assert len(got) == len(want) == 6, (got, want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert close(a, b), f"stage {stage} micro-step {i}: loss {a} on zero, {b} on DeepSpeed"

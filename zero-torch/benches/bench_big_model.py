@@ -6,7 +6,11 @@ stage 3, bf16, on N CPU processes, three ways:
 - ``init``: built inside ``zero_torch.zero.Init`` (no parameter holds values; the engine
   fills it one unit at a time from seeded initializers);
 - ``pretrained``: ``zero_torch.from_pretrained`` of the same model saved with
-  ``save_pretrained`` (each rank reads only the byte ranges it holds).
+  ``save_pretrained`` (each rank reads only the byte ranges it holds);
+- ``ds_init``, ``ds_pretrained``: DeepSpeed itself (``DS_ACCELERATOR=cpu``, gloo,
+  ``torch_adam``) on the same config: the model built inside ``deepspeed.zero.Init``, and
+  transformers' ``from_pretrained`` of the same folder under ``HfDeepSpeedConfig`` (as a
+  DeepSpeed user's script loads it).
 
 Per rank: peak RSS growth (``VmHWM``, from just before the model is built, through
 ``--steps`` training steps), the engine's model states, the issue's budget (model states +
@@ -74,6 +78,9 @@ def rank_main(mode: str, folder: str, steps: int) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     cfg = ds_config(world)
+    if mode.startswith("ds_"):
+        ds_main(mode, folder, steps, cfg)
+        return
     reset_peak()
     base = peak_rss()
     t0 = time.perf_counter()
@@ -101,6 +108,42 @@ def rank_main(mode: str, folder: str, steps: int) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def ds_main(mode: str, folder: str, steps: int, cfg: Dict[str, Any]) -> None:
+    """The same run on DeepSpeed: its zero.Init, or transformers' from_pretrained under
+    HfDeepSpeedConfig; model states as DeepSpeed's stage 3 keeps them (16-bit partition,
+    fp32 master, two moments, 16-bit gradient partition: 16 bytes per owned parameter)."""
+    import deepspeed
+    import torch
+    from transformers import LlamaForCausalLM
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = dict(cfg, optimizer={"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}})
+    reset_peak()
+    base = peak_rss()
+    t0 = time.perf_counter()
+    if mode == "ds_init":
+        with deepspeed.zero.Init(config_dict_or_path=cfg):
+            model = LlamaForCausalLM(llama_config())
+    else:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep = HfDeepSpeedConfig(cfg)  # noqa: F841  (transformers reads it while it lives)
+        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+        model.train()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
+    start_s = time.perf_counter() - t0
+    ids = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(rank))
+    for _ in range(steps):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    owned = sum(p.ds_tensor.numel() for p in model.parameters())
+    out = {"rank": rank, "growth": peak_rss() - base, "states": 16 * owned, "start_s": start_s,
+           "loss": float(loss.item())}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
 def launch(world: int, mode: str, folder: str, steps: int) -> List[Dict[str, Any]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,7 +152,8 @@ def launch(world: int, mode: str, folder: str, steps: int) -> List[Dict[str, Any
     for r in range(world):
         env = {k: v for k, v in os.environ.items() if k not in LAUNCH}
         env.update({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world),
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                    "DS_ACCELERATOR": "cpu"})
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", mode, "--folder", folder,
                                        "--steps", str(steps)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
@@ -137,7 +181,7 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     with tempfile.TemporaryDirectory(prefix="zt-big-") as folder:
-        if "pretrained" in args.modes:
+        if {"pretrained", "ds_pretrained"} & set(args.modes):
             torch.manual_seed(0)
             LlamaForCausalLM(llama_config()).to(torch.bfloat16).save_pretrained(folder)
         mib = 1 << 20

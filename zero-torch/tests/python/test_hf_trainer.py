@@ -5,11 +5,12 @@ itself on the same CPU: ``hf_trainer_script.py`` under ``torchrun --nproc-per-no
 (at stage 3 through ``zero.Init`` and ``GatheredParameters(modifier_rank=0)`` before any
 engine exists, as transformers loads under ZeRO-3).
 
-- Stages 2 and 3 x the Trainer's four optimizer/scheduler cases (A: both in the config;
+- A tiny GPT-2 at stages 2 and 3 x the Trainer's four optimizer/scheduler cases (A: both in the config;
   B: the Trainer's optimizer, two parameter groups; C: the Trainer's scheduler; D: both
   the Trainer's), and E: by epochs, each ending with an accumulation window of one
   micro-step (accelerate's ``set_gradient_accumulation_boundary``), and O: A with
-  ``offload_optimizer: cpu`` (DeepSpeed's ``DeepSpeedCPUAdam``). Every logged loss and
+  ``offload_optimizer: cpu`` (DeepSpeed's ``DeepSpeedCPUAdam``); a tiny Llama in case A.
+  Every logged loss and
   the eval loss within 1e-5 relative of DeepSpeed's. DeepSpeed's stage 3 cannot load with
   ``from_pretrained`` at 2 ranks on CPU (its ``zero.Init`` builds its config before its
   process group exists, HF_TRAINER.md §6c), so its stage 2 is the reference for both:
@@ -72,34 +73,49 @@ def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
     return json.loads(result.read_text())
 
 
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama saved with ``save_pretrained``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=32)).save_pretrained(folder)
+    return folder
+
+
 _REFERENCE: Dict[str, Dict[str, Any]] = {}
 
 
 def reference(model: Path, root: Path, case: str) -> Dict[str, Any]:
-    """DeepSpeed's stage-2 run of ``case`` (once per module)."""
-    if case not in _REFERENCE:
-        _REFERENCE[case] = torchrun(model, root / f"deepspeed-{case}", 2, case, compat=False)
-    return _REFERENCE[case]
+    """DeepSpeed's stage-2 run of ``case`` on ``model`` (once per module)."""
+    key = f"{model.name}-{case}"
+    if key not in _REFERENCE:
+        _REFERENCE[key] = torchrun(model, root / f"deepspeed-{key}", 2, case, compat=False)
+    return _REFERENCE[key]
 
 
 def close(a: float, b: float) -> bool:
     return abs(a - b) <= TOLERANCE * max(abs(a), abs(b))
 
 
-@pytest.mark.parametrize("case", ["A", "B", "C", "D", "E", "O"])
+@pytest.mark.parametrize("model,case", [("gpt2", c) for c in "ABCDEO"] + [("llama", "A")])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_the_trainer_on_zero_logs_deepspeeds_losses(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-                                                    stage: int, case: str) -> None:
+def test_the_trainer_on_zero_logs_deepspeeds_losses(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                                                    stage: int, model: str, case: str) -> None:
     root = tmp_path_factory.getbasetemp()
-    want = reference(model_dir, root, case)
-    got = torchrun(model_dir, tmp_path_factory.mktemp(f"zero-{stage}-{case}"), stage, case, compat=True)
+    folder = request.getfixturevalue(f"{model}_dir" if model == "llama" else "model_dir")
+    want = reference(folder, root, case)
+    got = torchrun(folder, tmp_path_factory.mktemp(f"zero-{stage}-{model}-{case}"), stage, case, compat=True)
     assert got["steps"] == want["steps"] and got["global_step"] == want["global_step"], (got, want)
     for step, a, b in zip(got["steps"], got["losses"], want["losses"]):
         assert close(a, b), f"stage {stage} case {case} step {step}: loss {a} on zero, {b} on DeepSpeed"
     for step, a, b in zip(got["steps"], got["grad_norms"], want["grad_norms"]):
         assert close(a, b), f"stage {stage} case {case} step {step}: grad norm {a} on zero, {b} on DeepSpeed"
     assert close(got["eval_loss"], want["eval_loss"]), (got["eval_loss"], want["eval_loss"])
-    print(f"stage {stage} case {case}: {len(got['losses'])} logged losses and the eval loss match DeepSpeed's")
+    print(f"{model} stage {stage} case {case}: {len(got['losses'])} logged losses and the eval loss match DeepSpeed's")
 
 
 @pytest.mark.parametrize("stage", [2, 3])

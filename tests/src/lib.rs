@@ -146,27 +146,42 @@ pub fn train_step<C: Communicator, D: Device<Buffer = C::Buffer>>(
     let mut loss_sum = 0.0;
     for k in 0..accum {
         let batch = &data[micro_batch(step, k, rank, world, micro, accum)];
-        let mut params = Vec::new();
-        for m in 0..3 {
-            engine.fetch(m)?;
-            params.push(engine.params_f32(m)?);
-            engine.release(m)?;
-        }
-        let (loss, mut grads) = loss_and_grads(&params, batch, engine.loss_scale_factor() as f32);
-        if let Some(h) = hook {
-            h(step, k, rank, &mut grads);
-        }
-        loss_sum += loss;
-        for m in (0..3).rev() {
-            engine.fetch(m)?;
-            let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
-            engine.add_grads_f32(m, &g)?;
-            engine.grads_ready(m)?;
-            engine.release(m)?;
-        }
+        let factor = engine.loss_scale_factor() as f32;
+        loss_sum += micro_step(engine, batch, factor, |grads| {
+            if let Some(h) = hook {
+                h(step, k, rank, grads);
+            }
+        })?;
     }
     let outcome = engine.step()?;
     Ok((loss_sum / accum as f32, outcome))
+}
+
+/// One micro-step of the trainer loop on this rank with `batch`: fetch → forward →
+/// release for every module, then fetch → backward (the gradients of the loss times
+/// `factor`, after `tamper`) → grads_ready → release in reverse. Returns the loss.
+pub fn micro_step<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    engine: &mut Engine<C, D>,
+    batch: &[(Vec<f32>, Vec<f32>)],
+    factor: f32,
+    tamper: impl FnOnce(&mut Vec<Vec<Vec<f32>>>),
+) -> Result<f32, EngineError> {
+    let mut params = Vec::new();
+    for m in 0..3 {
+        engine.fetch(m)?;
+        params.push(engine.params_f32(m)?);
+        engine.release(m)?;
+    }
+    let (loss, mut grads) = loss_and_grads(&params, batch, factor);
+    tamper(&mut grads);
+    for m in (0..3).rev() {
+        engine.fetch(m)?;
+        let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
+        engine.add_grads_f32(m, &g)?;
+        engine.grads_ready(m)?;
+        engine.release(m)?;
+    }
+    Ok(loss)
 }
 
 /// Every parameter as f32, `[layer][weight, bias]` (collective in stage 3: call on all

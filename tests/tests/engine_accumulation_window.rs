@@ -5,47 +5,23 @@
 //! window (one micro-step, an epoch's end) gives the bits of a run that accumulates one;
 //! a window the engine cannot hold is refused by name.
 
-use zero_runtime::{Engine, EngineError, HostDevice};
+use zero_runtime::{Engine, HostDevice};
 use zero_tests::{
-    bits, dataset, full_params, loss_and_grads, mlp_config, run_ranks, seed, MICRO_BATCH,
+    bits, dataset, full_params, micro_step, mlp_config, run_ranks, seed, MICRO_BATCH,
 };
 
 type HostEngine = Engine<zero_comm::HostComm, HostDevice>;
 
-/// One micro-step on this rank with the samples `at`; gradients of the loss times 0.5 (the
-/// trainer scales its loss itself, as the Trainer does with `scale_wrt_gas=False`).
-fn micro_step(
-    e: &mut HostEngine,
-    data: &[(Vec<f32>, Vec<f32>)],
-    at: usize,
-) -> Result<(), EngineError> {
-    let (world, rank) = (e.world_size(), e.rank());
-    let start = (at * world + rank) * MICRO_BATCH;
-    let mut params = Vec::new();
-    for m in 0..3 {
-        e.fetch(m)?;
-        params.push(e.params_f32(m)?);
-        e.release(m)?;
-    }
-    let (_, grads) = loss_and_grads(&params, &data[start..start + MICRO_BATCH], 0.5);
-    for m in (0..3).rev() {
-        e.fetch(m)?;
-        let g: Vec<&[f32]> = grads[m].iter().map(|v| &v[..]).collect();
-        e.add_grads_f32(m, &g)?;
-        e.grads_ready(m)?;
-        e.release(m)?;
-    }
-    Ok(())
-}
-
-/// Trains windows of `sizes[i]` micro-steps, each declared (`explicit`) or counted; the
-/// parameters after.
+/// Trains windows of `sizes[i]` micro-steps, each declared (`explicit`) or counted, the
+/// gradients those of the loss times 0.5 (the trainer scales its loss itself, as the
+/// Trainer does with `scale_wrt_gas=False`); the parameters after.
 fn train(
     e: &mut HostEngine,
     data: &[(Vec<f32>, Vec<f32>)],
     sizes: &[usize],
     explicit: bool,
 ) -> Vec<u32> {
+    let (world, rank) = (e.world_size(), e.rank());
     let mut at = 0;
     for &n in sizes {
         for k in 0..n {
@@ -53,12 +29,27 @@ fn train(
                 e.set_accumulation_boundary(Some(k + 1 == n))
                     .expect("declare the window");
             }
-            micro_step(e, data, at).expect("micro-step");
+            let start = (at * world + rank) * MICRO_BATCH;
+            micro_step(e, &data[start..start + MICRO_BATCH], 0.5, |_| {}).expect("micro-step");
             at += 1;
         }
         e.step().expect("step");
     }
     bits(&full_params(e).expect("params"))
+}
+
+/// Every rank's parameters after [`train`], with `accum` in the config.
+fn windows(
+    stage: u8,
+    precision: &str,
+    accum: usize,
+    sizes: &[usize],
+    explicit: bool,
+    s: u64,
+    data: &[(Vec<f32>, Vec<f32>)],
+) -> Vec<Vec<u32>> {
+    let cfg = mlp_config(stage, precision, accum, 0.5, false);
+    run_ranks(2, &cfg, s, |e| train(e, data, sizes, explicit))
 }
 
 #[test]
@@ -68,23 +59,15 @@ fn declared_windows_give_the_counted_windows_bits() {
     for stage in 0..=3u8 {
         for precision in ["fp32", "bf16"] {
             // Windows of 2 declared in a config of 3 = windows of 2 counted.
-            let counted = run_ranks(2, &mlp_config(stage, precision, 2, 0.5, false), s, |e| {
-                train(e, &data, &[2, 2, 2], false)
-            });
-            let declared = run_ranks(2, &mlp_config(stage, precision, 3, 0.5, false), s, |e| {
-                train(e, &data, &[2, 2, 2], true)
-            });
+            let counted = windows(stage, precision, 2, &[2, 2, 2], false, s, &data);
+            let declared = windows(stage, precision, 3, &[2, 2, 2], true, s, &data);
             assert!(
                 counted == declared,
                 "stage {stage} {precision}: declared windows differ (seed {s})"
             );
             // A window of one (an epoch's end) = a run that accumulates one micro-step.
-            let single = run_ranks(2, &mlp_config(stage, precision, 1, 0.5, false), s, |e| {
-                train(e, &data, &[1, 1, 1], false)
-            });
-            let short = run_ranks(2, &mlp_config(stage, precision, 3, 0.5, false), s, |e| {
-                train(e, &data, &[1, 1, 1], true)
-            });
+            let single = windows(stage, precision, 1, &[1, 1, 1], false, s, &data);
+            let short = windows(stage, precision, 3, &[1, 1, 1], true, s, &data);
             assert!(
                 single == short,
                 "stage {stage} {precision}: short windows differ (seed {s})"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,8 +137,7 @@ def test_save_model_is_read_by_transformers_and_a_resume_ends_the_same(model_dir
     assert worst <= 1e-5 * engine["logits"].abs().max().item(), f"stage {stage}: transformers' logits differ by {worst}"
     # A resume from checkpoint-2 in new processes saves the same model, byte for byte.
     resumed_dir = tmp_path / "resumed"
-    (resumed_dir / "checkpoint-2").parent.mkdir()
-    subprocess.run(["cp", "-r", str(tmp_path / "whole" / "checkpoint-2"), str(resumed_dir)], check=True)
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", resumed_dir / "checkpoint-2")
     resumed = torchrun(model_dir, resumed_dir, stage, "A", compat=True, resume=resumed_dir / "checkpoint-2")
     assert resumed["losses"][-2:] == whole["losses"][-2:], (resumed["losses"], whole["losses"])
     assert (resumed_dir / "final" / "model.safetensors").read_bytes() == saved.read_bytes(), \

@@ -96,14 +96,26 @@ def rank_main(mode: str, folder: str, steps: int) -> None:
     engine, _, _, _ = zero_torch.initialize(model=model, config=cfg)
     engine._runtime.ensure_built()
     start_s = time.perf_counter() - t0
+
+    def states() -> int:
+        report = engine.memory_report()
+        return sum(report.get(k, 0) for k in ("params", "grads", "master", "exp_avg", "exp_avg_sq", "grad_accum"))
+
+    train_and_report(engine, rank, steps, base, start_s, states)
+
+
+def train_and_report(engine: Any, rank: int, steps: int, base: int, start_s: float, states: Any) -> None:
+    """``steps`` training steps of ``engine`` (zero's or DeepSpeed's) on this rank's fixed
+    sequence, then its ``RESULT`` line: peak RSS growth over ``base``, the model states
+    ``states()`` gives after the steps, ``start_s``, the last loss."""
+    import torch
+
     ids = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(rank))
     for _ in range(steps):
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-    report = engine.memory_report()
-    states = sum(report.get(k, 0) for k in ("params", "grads", "master", "exp_avg", "exp_avg_sq", "grad_accum"))
-    out = {"rank": rank, "growth": peak_rss() - base, "states": states, "start_s": start_s,
+    out = {"rank": rank, "growth": peak_rss() - base, "states": states(), "start_s": start_s,
            "loss": float(loss.item())}
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -133,15 +145,8 @@ def ds_main(mode: str, folder: str, steps: int, cfg: Dict[str, Any]) -> None:
         model.train()
     engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
     start_s = time.perf_counter() - t0
-    ids = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(rank))
-    for _ in range(steps):
-        loss = engine(input_ids=ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-    owned = sum(p.ds_tensor.numel() for p in model.parameters())
-    out = {"rank": rank, "growth": peak_rss() - base, "states": 16 * owned, "start_s": start_s,
-           "loss": float(loss.item())}
-    print("RESULT " + json.dumps(out), flush=True)
+    train_and_report(engine, rank, steps, base, start_s,
+                     lambda: 16 * sum(p.ds_tensor.numel() for p in model.parameters()))
 
 
 def launch(world: int, mode: str, folder: str, steps: int) -> List[Dict[str, Any]]:

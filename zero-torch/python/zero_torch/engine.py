@@ -246,7 +246,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         loop calls ``step()`` only at a boundary, and at an epoch's end a window shorter than
         ``gradient_accumulation_steps`` still steps). It holds until set again. A window of
         several micro-steps needs ``gradient_accumulation_steps`` > 1 in the config (the
-        accumulation buffers): ``False`` with 1 raises :class:`~zero_torch.OrderError`."""
+        accumulation buffers): ``False`` with 1 raises :class:`~zero_torch.OrderError` at
+        the next ``backward``."""
         self._boundary = bool(is_boundary)
 
     def step(self, lr_kwargs: Optional[Dict[str, Any]] = None) -> None:

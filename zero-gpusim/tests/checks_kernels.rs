@@ -169,6 +169,11 @@ fn kernels_reading_never_written_or_freed_memory_are_named() {
     expect_clean(sim);
 }
 
+/// Holds a stream for 200 ms (the host function of the race test).
+unsafe extern "C" fn sleep_200ms(_: *mut std::ffi::c_void) {
+    std::thread::sleep(std::time::Duration::from_millis(200));
+}
+
 #[test]
 fn a_free_racing_a_kernel_on_another_stream_is_named() {
     let Some(sim) = sim("free racing a kernel") else {
@@ -179,24 +184,37 @@ fn a_free_racing_a_kernel_on_another_stream_is_named() {
     let f = sim.function(&cubin, "copy").expect("function");
     let (a, b) = (stream(sim), stream(sim));
     let mut n = 4096i32;
-    let mut src = upload(sim, a, &vec![1.0; 4096]);
     let mut dst = alloc(sim, 4096 * 4);
-    launch(
-        f,
-        16,
-        256,
-        a,
-        &mut [arg(&mut src), arg(&mut dst), arg(&mut n)],
-    )
-    .expect("launch");
-    // SAFETY: the free is ordered after nothing on `a`: the defect.
-    let _ = unsafe { result::free_async(src, b) };
-    let _ = sync(a);
-    let _ = sync(b);
-    expect_finding(
-        sim,
-        &["race on allocation", "cuMemFreeAsync", "kernel copy"],
-    );
+    // The defect, in every order the streams can run it: a host function holding one
+    // stream makes the other's operation run first; with none held the free may land while
+    // the kernel runs (a kernel that had already touched the buffer once reported this as
+    // a plain load after free).
+    for held in [Some(b), Some(a), None] {
+        let mut src = upload(sim, a, &vec![1.0; 4096]);
+        sync(a).expect("upload");
+        if let Some(held) = held {
+            // SAFETY: a function with no data, as cuLaunchHostFunc takes it.
+            unsafe { sys::cuLaunchHostFunc(held, Some(sleep_200ms), std::ptr::null_mut()) }
+                .result()
+                .expect("host fn");
+        }
+        launch(
+            f,
+            16,
+            256,
+            a,
+            &mut [arg(&mut src), arg(&mut dst), arg(&mut n)],
+        )
+        .expect("launch");
+        // SAFETY: the free is ordered after nothing on `a`: the defect.
+        let _ = unsafe { result::free_async(src, b) };
+        let _ = sync(a);
+        let _ = sync(b);
+        expect_finding(
+            sim,
+            &["race on allocation", "cuMemFreeAsync", "kernel copy"],
+        );
+    }
     // Clean twin: the free waits for an event after the kernel.
     let mut src = upload(sim, a, &vec![1.0; 4096]);
     sim.ctx.bind_to_thread().expect("bind");

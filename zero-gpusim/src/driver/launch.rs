@@ -173,6 +173,23 @@ impl LaunchMemory {
         }
     }
 
+    /// The finding for a `verb` of `size` bytes at `off` of `a` after `a` was freed: a race
+    /// when the free was unordered with this launch (whichever of the two ran first), else a
+    /// plain use after free.
+    fn after_free(&mut self, a: &Allocation, off: u64, size: u64, verb: &str, by: &str) -> String {
+        let kind = if verb == "load" {
+            Kind::Read
+        } else {
+            Kind::Write
+        };
+        let span = off..(off + size).min(a.size.max(off + 1));
+        if let Err(c) = a.shadow().access(span, kind, &self.who, &self.vc) {
+            self.race_fault = true;
+            return format!("race on {a}: {c}");
+        }
+        format!("{verb} of {size} bytes after free: offset {off} of {a} (freed by {by})")
+    }
+
     /// The touched-entry index of the allocation holding `[addr, addr + size)`.
     fn resolve(&mut self, addr: u64, size: u64, verb: &str) -> Result<(usize, u64), String> {
         if let Some(i) = self.last {
@@ -192,19 +209,7 @@ impl LaunchMemory {
             Place::Outside(text) => Err(format!("{verb} of {size} bytes out of bounds: {text}")),
             Place::Inside(a, off) => {
                 if let Some(by) = a.freed() {
-                    let kind = if verb == "load" {
-                        Kind::Read
-                    } else {
-                        Kind::Write
-                    };
-                    let span = off..(off + size).min(a.size.max(off + 1));
-                    if let Err(c) = a.shadow().access(span, kind, &self.who, &self.vc) {
-                        self.race_fault = true;
-                        return Err(format!("race on {a}: {c}"));
-                    }
-                    return Err(format!(
-                        "{verb} of {size} bytes after free: offset {off} of {a} (freed by {by})"
-                    ));
+                    return Err(self.after_free(&a, off, size, verb, &by));
                 }
                 if off + size > a.size {
                     return Err(format!(
@@ -241,8 +246,10 @@ impl ptx::GlobalMemory for LaunchMemory {
             let (t, _) = self.resolve(addrs[i], n, "load")?;
             let alloc = self.touched[t].alloc.clone();
             let body = alloc.body();
-            if let Some(by) = &body.freed {
-                return Err(format!("load after free of {alloc} (freed by {by})"));
+            if let Some(by) = body.freed.clone() {
+                // The free may have run while this launch ran, on an unordered stream.
+                drop(body);
+                return Err(self.after_free(&alloc, addrs[i] - alloc.base, n, "load", &by));
             }
             // Every following lane in the same allocation, under one lock.
             while i < addrs.len() {
@@ -281,8 +288,10 @@ impl ptx::GlobalMemory for LaunchMemory {
             let (t, _) = self.resolve(addrs[i], n, "store")?;
             let alloc = self.touched[t].alloc.clone();
             let mut body = alloc.body();
-            if let Some(by) = &body.freed {
-                return Err(format!("store after free of {alloc} (freed by {by})"));
+            if let Some(by) = body.freed.clone() {
+                // The free may have run while this launch ran, on an unordered stream.
+                drop(body);
+                return Err(self.after_free(&alloc, addrs[i] - alloc.base, n, "store", &by));
             }
             while i < addrs.len() {
                 let a = addrs[i];

@@ -23,8 +23,16 @@ fn model_state_bytes_follow_the_paper_per_stage() {
     let data = dataset(seed, 3 * world * 3);
     let mut totals = Vec::new();
     for stage in 0..=3u8 {
-        for accum in [1, 3] {
-            let reports = run_ranks(world, &config(stage, accum, 1_000_000), seed, |e| {
+        // (accumulation, data_types.grad_accum_dtype): DeepSpeed's default sums bf16
+        // gradients in bf16, "fp32" in fp32.
+        for (accum, sum_in) in [(1, "bf16"), (3, "bf16"), (3, "fp32")] {
+            let cfg = config(stage, accum, 1_000_000).replace(
+                r#""bf16": {"enabled": true},"#,
+                &format!(
+                    r#""bf16": {{"enabled": true}}, "data_types": {{"grad_accum_dtype": "{sum_in}"}},"#
+                ),
+            );
+            let reports = run_ranks(world, &cfg, seed, |e| {
                 train_step(e, &data, 0, None).unwrap();
                 e.memory_report()
             });
@@ -49,14 +57,18 @@ fn model_state_bytes_follow_the_paper_per_stage() {
                 paper,
                 "stage {stage} accum {accum}: measured {r:?}"
             );
-            let accum_bytes = match (accum, stage) {
-                (1, _) => 0,
-                (_, 0 | 1) => 4 * padded,
+            // Stages 0-1 sum bf16 gradients in place, fp32 sums in a whole-model buffer;
+            // stages 2-3 sum their reduced partitions in a buffer of the sum's dtype.
+            let accum_bytes = match (accum, stage, sum_in) {
+                (1, _, _) => 0,
+                (_, 0 | 1, "bf16") => 0,
+                (_, 0 | 1, _) => 4 * padded,
+                (_, _, "bf16") => 2 * padded / n,
                 _ => 4 * padded / n,
             };
             assert_eq!(
                 r.grad_accum, accum_bytes,
-                "stage {stage} accum {accum}: fp32 accumulation buffer"
+                "stage {stage} accum {accum} in {sum_in}: accumulation buffer"
             );
             if stage >= 2 {
                 assert!(r.buckets > 0, "stage {stage}: staging buckets are reported");

@@ -270,6 +270,37 @@ fn accumulate_matches_the_cpu() {
         let got: Vec<f32> = st.download(&dacc, 0..n).unwrap();
         assert!(bits(&got) == bits(&want), "accumulate n={n}");
     }
+    accumulate_16_case::<bf16>(g, &mut rng);
+    accumulate_16_case::<f16>(g, &mut rng);
+}
+
+/// A 16-bit accumulator (`data_types.grad_accum_dtype` the training dtype) takes its own
+/// dtype: each element is the f64 sum rounded to `T` (the f32 sum of two 16-bit values,
+/// rounded once more, lands there), at an offset, non-finite values carried; another
+/// dtype is refused.
+fn accumulate_16_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
+    let st = g.default_stream();
+    for n in LENGTHS {
+        let acc: Vec<T> = random_vec(rng, n + 3, -10.0, 10.0);
+        let mut x: Vec<T> = random_vec(rng, n, -10.0, 10.0);
+        plant_non_finite(rng, &mut x);
+        let mut want = acc.clone();
+        for (a, v) in want[3..].iter_mut().zip(&x) {
+            *a = T::from_f32((f64::from(a.to_f32()) + f64::from(v.to_f32())) as f32);
+        }
+        let mut dacc = st.upload(&acc).unwrap();
+        let dx = st.upload(&x).unwrap();
+        st.accumulate(&mut dacc, 3, &dx, 0..n).unwrap();
+        let got: Vec<T> = st.download(&dacc, 0..n + 3).unwrap();
+        assert!(
+            bits(&got) == bits(&want) || got.iter().zip(&want).all(|(a, b)| same(*a, *b)),
+            "accumulate into {} n={n}",
+            T::SUFFIX
+        );
+        let wrong = st.upload(&vec![1.0f32; n.max(1)]).unwrap();
+        let e = st.accumulate(&mut dacc, 0, &wrong, 0..n.max(1));
+        assert!(e.is_err(), "{} accumulator took f32", T::SUFFIX);
+    }
 }
 
 #[test]

@@ -132,7 +132,8 @@ pub trait Device: Send {
         dst: &mut Self::Buffer,
         offset: usize,
     ) -> Result<(), EngineError>;
-    /// `acc[offset..] += src[range]` with an `f32` accumulator.
+    /// `acc[offset..] += src[range]`: an `f32` accumulator takes any dtype; a 16-bit one
+    /// its own, each element summed in `f32` and rounded once.
     fn accumulate(
         &self,
         acc: &mut Self::Buffer,
@@ -311,14 +312,31 @@ impl Device for HostDevice {
         range: Range<usize>,
     ) -> Result<(), EngineError> {
         range_check("accumulate source", &range, src.len())?;
-        let acc = f32_mut(acc, "gradient accumulator")?;
         range_check("accumulator", &(offset..offset + range.len()), acc.len())?;
-        let dst = &mut acc[offset..offset + range.len()];
-        with_slice!(src, s => {
-            for (a, x) in dst.iter_mut().zip(&s[range.clone()]) {
-                *a += Element::to_f32(*x);
+        let to = offset..offset + range.len();
+        // A 16-bit accumulator takes its own dtype, summed in f32 and rounded once (torch's
+        // `add_` on 16-bit tensors); an f32 one takes any.
+        fn add_16<T: Element>(acc: &mut [T], src: &[T]) {
+            for (a, x) in acc.iter_mut().zip(src) {
+                *a = T::from_f32(a.to_f32() + x.to_f32());
             }
-        });
+        }
+        match (&mut *acc, src) {
+            (HostBuffer::F16(a), HostBuffer::F16(s)) => add_16(&mut a[to], &s[range]),
+            (HostBuffer::BF16(a), HostBuffer::BF16(s)) => add_16(&mut a[to], &s[range]),
+            (HostBuffer::F32(a), _) => with_slice!(src, s => {
+                for (a, x) in a[to].iter_mut().zip(&s[range.clone()]) {
+                    *a += Element::to_f32(*x);
+                }
+            }),
+            (a, s) => {
+                return Err(EngineError::Internal(format!(
+                    "a {} gradient accumulator cannot take {} gradients",
+                    a.dtype(),
+                    s.dtype()
+                )))
+            }
+        }
         Ok(())
     }
 

@@ -11,7 +11,7 @@ pub mod plan;
 pub mod scaler;
 pub mod schedule;
 
-pub use config::{ConfigError, Precision, ZeroConfig};
+pub use config::{ConfigError, GradAccumDtype, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
 pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{

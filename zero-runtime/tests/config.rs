@@ -1,6 +1,6 @@
 use zero_kernels::WeightDecay;
 use zero_runtime::config::{SchedulerConfig, WarmupType};
-use zero_runtime::{ConfigError, Precision, ZeroConfig};
+use zero_runtime::{ConfigError, GradAccumDtype, Precision, ZeroConfig};
 
 const MIN: &str = r#""optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}"#;
 
@@ -514,4 +514,68 @@ fn deepspeed_keys_are_accepted_when_they_change_nothing_and_named_when_they_woul
         .unwrap_err()
         .to_string();
     assert!(e.contains("unknown config key"), "{e}");
+}
+
+/// `data_types.grad_accum_dtype`: DeepSpeed's default sums in the training dtype; `fp32`
+/// (any of torch's names for it) sums 16-bit gradients in fp32; a third dtype, an unknown
+/// name, or a `param_dtype` other than the training dtype are errors naming the key.
+#[test]
+fn grad_accum_dtype_is_read_as_deepspeed_reads_it() {
+    let bf16 = r#""bf16": {"enabled": true}"#;
+    let fp16 = r#""fp16": {"enabled": true}"#;
+    for (body, want) in [
+        (String::new(), GradAccumDtype::Model),
+        (bf16.to_string(), GradAccumDtype::Model),
+        (
+            format!(r#"{bf16}, "data_types": {{"grad_accum_dtype": "bf16"}}"#),
+            GradAccumDtype::Model,
+        ),
+        (
+            format!(r#"{bf16}, "data_types": {{"grad_accum_dtype": "fp32"}}"#),
+            GradAccumDtype::Fp32,
+        ),
+        (
+            format!(r#"{fp16}, "data_types": {{"grad_accum_dtype": "torch.float32"}}"#),
+            GradAccumDtype::Fp32,
+        ),
+        (
+            format!(
+                r#"{fp16}, "data_types": {{"grad_accum_dtype": "half", "param_dtype": "fp16"}}"#
+            ),
+            GradAccumDtype::Model,
+        ),
+        (
+            r#""data_types": {"grad_accum_dtype": "float", "keep_in_fp32_modules": "auto"}"#
+                .to_string(),
+            GradAccumDtype::Model,
+        ),
+    ] {
+        let c = parse(&body, 1).unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert_eq!(c.grad_accum_dtype, want, "{body}");
+    }
+    for (body, named) in [
+        (
+            format!(r#"{bf16}, "data_types": {{"grad_accum_dtype": "fp16"}}"#),
+            "`fp16` with bf16 training",
+        ),
+        (
+            r#""data_types": {"grad_accum_dtype": "bf16"}"#.to_string(),
+            "data_types.grad_accum_dtype",
+        ),
+        (
+            r#""data_types": {"grad_accum_dtype": "int8"}"#.to_string(),
+            "`int8`: expected fp32, fp16 or bf16",
+        ),
+        (
+            format!(r#"{bf16}, "data_types": {{"param_dtype": "fp32"}}"#),
+            "data_types.param_dtype",
+        ),
+        (
+            r#""data_types": {"buffer_dtype": "bf16"}"#.to_string(),
+            "data_types.buffer_dtype",
+        ),
+    ] {
+        let e = parse(&body, 1).unwrap_err().to_string();
+        assert!(e.contains(named), "{body}: {e}");
+    }
 }

@@ -327,7 +327,9 @@ impl GpuStream {
             .map_err(driver("launch cast"))
     }
 
-    /// `acc[offset..] += src[range]` in `f32`.
+    /// `acc[offset..] += src[range]`: into an `f32` accumulator from any dtype, or into a
+    /// 16-bit accumulator from the same dtype (summed in `f32`, rounded once per element:
+    /// torch's `add_` on 16-bit tensors).
     pub fn accumulate(
         &self,
         acc: &mut GpuBuffer,
@@ -338,6 +340,18 @@ impl GpuStream {
         let n = range.len();
         if n == 0 {
             return Ok(());
+        }
+        if acc.dtype() != DType::F32 {
+            // (Reading `src` as the accumulator's type refuses another dtype.)
+            return with_gpu_type!(acc.dtype(), T => {
+                let s = self.read::<T>(src, range)?;
+                let mut a = self.write::<T>(acc, offset..offset + n)?;
+                let (sa, sg) = s.device_ptr(self.cuda());
+                let (aa, ag) = a.device_ptr_mut(self.cuda());
+                self.launch_reduce_addrs::<T>(&[aa, sa], &[aa], n, Combine::Sum)?;
+                drop((sg, ag));
+                Ok(())
+            });
         }
         let mut a = self.write::<f32>(acc, offset..offset + n)?;
         with_gpu_type!(src.dtype(), T => {

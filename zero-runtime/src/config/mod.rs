@@ -65,6 +65,19 @@ pub enum Precision {
     Bf16,
 }
 
+/// `data_types.grad_accum_dtype`: what the gradients of a window's micro-steps are summed
+/// in, before the optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradAccumDtype {
+    /// The training dtype (DeepSpeed's default, the key absent or naming it): 16-bit
+    /// gradients are summed in 16 bits, each addition rounded once, as torch adds into a
+    /// 16-bit `.grad`; fp32 ones in fp32.
+    Model,
+    /// fp32 whatever the training dtype (`"fp32"` with fp16 or bf16): 4 more bytes per
+    /// summed element, one rounding per window.
+    Fp32,
+}
+
 /// The `fp16` section.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossScaleConfig {
@@ -214,6 +227,8 @@ pub struct ZeroConfig {
     pub scheduler: Option<SchedulerConfig>,
     /// From `fp16` / `bf16`.
     pub precision: Precision,
+    /// `data_types.grad_accum_dtype`: the dtype micro-steps' gradients are summed in.
+    pub grad_accum_dtype: GradAccumDtype,
     /// `zero_optimization`.
     pub zero: ZeroOptimization,
     /// `wall_clock_breakdown`.
@@ -269,6 +284,7 @@ const TOP: &[&str] = &[
     "checkpoint",
     "aio",
     "communication_data_type",
+    "data_types",
 ];
 
 /// Top-level sections of features zero does not implement, each with what it is: accepted
@@ -457,7 +473,6 @@ impl ZeroConfig {
             ("managed_gradient_accumulation", json!(true)),
             ("disable_allgather", json!(false)),
             ("dump_state", json!(false)),
-            ("data_types", json!({})),
         ];
         let top = Obj::new("", v, TOP, &unsupported_top)?;
         let world = world.max(1) as u64;
@@ -485,6 +500,7 @@ impl ZeroConfig {
                 });
             }
         }
+        let grad_accum_dtype = grad_accum_dtype(&top, precision)?;
         let zero = zero(&top, &mut notes)?;
         let checkpoint = checkpoint(&top)?;
         let aio = offload::aio(&top, &mut notes)?;
@@ -496,6 +512,7 @@ impl ZeroConfig {
             optimizer,
             scheduler,
             precision,
+            grad_accum_dtype,
             zero,
             wall_clock_breakdown: top.bool_or("wall_clock_breakdown", false)?,
             steps_per_print: top.count_or("steps_per_print", 10)?,
@@ -504,6 +521,64 @@ impl ZeroConfig {
             notes,
             source: v.clone(),
         })
+    }
+}
+
+/// The `data_types` section: `grad_accum_dtype` (names as DeepSpeed's `DtypeEnum` takes
+/// them) and `param_dtype` when it names the training dtype, as DeepSpeed requires.
+fn grad_accum_dtype(top: &Obj, precision: Precision) -> Result<GradAccumDtype, ConfigError> {
+    let empty = json!({});
+    let o = Obj::new(
+        "data_types",
+        top.get("data_types").unwrap_or(&empty),
+        &["grad_accum_dtype", "param_dtype"],
+        &[
+            ("buffer_dtype", Value::Null),
+            ("keep_in_fp32_modules", json!("auto")),
+        ],
+    )?;
+    let training = match precision {
+        Precision::Fp32 => "fp32",
+        Precision::Fp16(_) => "fp16",
+        Precision::Bf16 => "bf16",
+    };
+    let parse = |key: &str| -> Result<Option<&'static str>, ConfigError> {
+        let Some(v) = o.str(key)? else {
+            return Ok(None);
+        };
+        let name = v.strip_prefix("torch.").unwrap_or(v);
+        Ok(Some(match name {
+            "fp32" | "float32" | "float" => "fp32",
+            "fp16" | "float16" | "half" => "fp16",
+            "bf16" | "bfloat16" => "bf16",
+            _ => {
+                return Err(o.invalid(
+                    key,
+                    &format!("`{v}`: expected fp32, fp16 or bf16 (or torch's names for them)"),
+                ))
+            }
+        }))
+    };
+    if let Some(p) = parse("param_dtype")? {
+        if p != training {
+            return Err(o.invalid(
+                "param_dtype",
+                &format!(
+                    "`{p}` differs from the training dtype ({training}), as DeepSpeed refuses"
+                ),
+            ));
+        }
+    }
+    match parse("grad_accum_dtype")? {
+        None => Ok(GradAccumDtype::Model),
+        Some(a) if a == training => Ok(GradAccumDtype::Model),
+        Some("fp32") => Ok(GradAccumDtype::Fp32),
+        Some(a) => Err(ConfigError::Unsupported {
+            key: "data_types.grad_accum_dtype".into(),
+            reason: format!(
+                "`{a}` with {training} training: gradients are summed in the training dtype or in fp32"
+            ),
+        }),
     }
 }
 

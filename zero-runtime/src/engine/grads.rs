@@ -1,11 +1,14 @@
 //! Gradients: buckets filled in backward order and reduced as soon as they are complete.
 //!
 //! - Stages 0–1 keep whole-bucket gradients and reduce at the accumulation boundary:
-//!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition. 16-bit
-//!   gradients sum the micro-steps in an fp32 accumulator; fp32 ones in place (the next
-//!   micro-step adds to them), as DeepSpeed accumulates fp32 gradients in `.grad`.
+//!   stage 0 all-reduces, stage 1 reduce-scatters into the owned partition. Gradients
+//!   summed in their own dtype (`data_types.grad_accum_dtype`'s default) sum the
+//!   micro-steps in place (the next micro-step adds to them), as DeepSpeed's accumulate in
+//!   `.grad`; 16-bit gradients summed in fp32 go through an fp32 accumulator.
 //! - Stages 2–3 reduce-scatter every micro-step from a recycled staging buffer straight
-//!   into the owned partition (`grad_shard`), accumulating into fp32 when accumulating.
+//!   into the owned partition (`grad_shard`), adding it into an accumulator of the
+//!   `grad_accum_dtype` when accumulating (as DeepSpeed's stage 3 adds each reduced
+//!   partition into its accumulation buffer).
 //!   The pool keeps as many staging buffers as the last micro-step had in use at once, so
 //!   a pass that held many (every bucket, when the trainer declares modules ready only at
 //!   the end) does not keep them for the rest of the run.

@@ -211,8 +211,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             clamp(cfg.zero.param_persistence_threshold),
         )?;
         let accumulate = cfg.gradient_accumulation_steps > 1;
-        // fp32 whole-bucket gradients (stages 0–1) are their own fp32 accumulator.
-        let in_place = accumulate && dtype == DType::F32 && !policy.shards_gradients();
+        let accum_dtype = Self::accum_dtype(&cfg, dtype);
+        // Whole-bucket gradients (stages 0–1) summed in their own dtype are their own
+        // accumulator.
+        let in_place = accumulate && accum_dtype == dtype && !policy.shards_gradients();
         let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
@@ -249,7 +251,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         } else {
                             total
                         };
-                        dev.zeros(DType::F32, len)
+                        dev.zeros(accum_dtype, len)
                     })
                     .transpose()?,
                 carry: None,
@@ -299,7 +301,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 (
                     dtype,
                     if accumulate && policy.shards_gradients() {
-                        DType::F32
+                        accum_dtype
                     } else {
                         dtype
                     },
@@ -518,13 +520,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .unwrap_or(self.micro_done + 1 == self.cfg.gradient_accumulation_steps)
     }
 
-    /// Whether the gradient buffers accumulate the micro-steps in place (fp32 gradients,
-    /// stages 0–1, accumulation > 1), so they hold the earlier micro-steps' sum when a
-    /// micro-step starts: a trainer adds its gradients in, never copies over them.
+    /// Whether the gradient buffers accumulate the micro-steps in place (stages 0–1,
+    /// accumulation > 1, gradients summed in their own dtype: fp32 ones, and 16-bit ones
+    /// under DeepSpeed's default `grad_accum_dtype`), so they hold the earlier
+    /// micro-steps' sum when a micro-step starts: a trainer adds its gradients in, never
+    /// copies over them.
     pub fn grads_accumulate_in_place(&self) -> bool {
         self.cfg.gradient_accumulation_steps > 1
-            && self.dtype == DType::F32
+            && Self::accum_dtype(&self.cfg, self.dtype) == self.dtype
             && !self.policy.shards_gradients()
+    }
+
+    /// The dtype a window's micro-steps' gradients are summed in
+    /// (`data_types.grad_accum_dtype`: the training dtype unless it says fp32).
+    fn accum_dtype(cfg: &ZeroConfig, dtype: DType) -> DType {
+        match cfg.grad_accum_dtype {
+            crate::GradAccumDtype::Model => dtype,
+            crate::GradAccumDtype::Fp32 => DType::F32,
+        }
     }
 
     /// The current loss scale.

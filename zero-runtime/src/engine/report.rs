@@ -60,7 +60,8 @@ pub struct MemoryReport {
     pub exp_avg: usize,
     /// fp32 second moments.
     pub exp_avg_sq: usize,
-    /// fp32 gradient accumulation buffers (only with accumulation > 1).
+    /// Gradient accumulation buffers (only with accumulation > 1), in
+    /// `data_types.grad_accum_dtype`.
     pub grad_accum: usize,
     /// Staging buffers of gradient buckets (stages 2–3).
     pub buckets: usize,
@@ -210,9 +211,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// stage 0 `(2p+12)Ψ'`, stage 1 `2pΨ' + 12Ψ'/N`, stage 2 `pΨ' + (p+12)Ψ'/N`, stage 3
     /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. fp32 parameters are
     /// their own master weights (unless offloaded), so 12 becomes 8 for p = 4: stage 0
-    /// keeps 16Ψ, as DeepSpeed. Gradient accumulation adds an fp32 buffer (`grad_accum`):
-    /// 4Ψ' in stages 0–1 (none for fp32 gradients, which accumulate in place), 4Ψ'/N in
-    /// stages 2–3.
+    /// keeps 16Ψ, as DeepSpeed. Gradient accumulation adds a buffer (`grad_accum`) in
+    /// `data_types.grad_accum_dtype`: none in stages 0–1 where gradients sum in their own
+    /// dtype (in place, DeepSpeed's default), 4Ψ' there with fp32 sums of 16-bit
+    /// gradients; `a`Ψ'/N in stages 2–3, `a` that dtype's bytes.
     pub fn memory_report(&self) -> MemoryReport {
         let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);

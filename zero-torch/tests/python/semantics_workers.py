@@ -162,10 +162,10 @@ def run_cases(lib: str, cases: List[Tuple[str, int]]) -> Dict[str, Any]:
 
 def grid_config(entry: Dict[str, Any], stage: int, batch: int) -> Dict[str, Any]:
     """A config of the grid: ``entry`` holds the sections to try (optimizer, scheduler,
-    clipping, accumulation, precision)."""
+    clipping, accumulation, precision, data types)."""
     gas = int(entry.get("gas", 1))
     cfg = base_config(stage, batch, gas)
-    for key in ("optimizer", "scheduler", "gradient_clipping", "fp16", "bf16", "zero_allow_untested_optimizer"):
+    for key in ("optimizer", "scheduler", "gradient_clipping", "fp16", "bf16", "zero_allow_untested_optimizer", "data_types"):
         if key in entry:
             cfg[key] = entry[key]
     return cfg

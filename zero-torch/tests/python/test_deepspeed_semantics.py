@@ -124,6 +124,14 @@ GRID: List[Dict[str, Any]] = [
     {"name": "accumulation-and-clipping", "stage": 3, "gas": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.02}}, "gradient_clipping": 0.5},
     {"name": "fp16-dynamic-scale", "stage": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "fp16": {"enabled": True, "initial_scale_power": 8}},
     {"name": "bf16", "stage": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "bf16": {"enabled": True}},
+    # Accumulation: DeepSpeed sums a window's gradients in the model's dtype unless
+    # data_types.grad_accum_dtype says fp32 (then stage 1 runs its BF16_Optimizer); zero
+    # gives its bits exactly either way (4 micro-steps: with 2, both sums round alike).
+    {"name": "bf16-accumulation-s1", "exact": True, "stage": 1, "gas": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "bf16": {"enabled": True}},
+    {"name": "bf16-accumulation-s2", "exact": True, "stage": 2, "gas": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "bf16": {"enabled": True}},
+    {"name": "bf16-accumulation-s3", "exact": True, "stage": 3, "gas": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "bf16": {"enabled": True}},
+    {"name": "bf16-fp32-accumulation-s1", "exact": True, "stage": 1, "gas": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}}, "bf16": {"enabled": True},
+     "data_types": {"grad_accum_dtype": "fp32"}},
 ]
 
 
@@ -151,6 +159,8 @@ def test_config_means_what_it_means_in_deepspeed(grid: Dict[str, List[Dict[str, 
         dtype = torch.float16 if "fp16" in entry else torch.bfloat16
         worst = max(abs(a - b) / ulp16(b, dtype) for a, b in zip(zero["losses"], ds["losses"]))
         print(f"{name}: losses within {worst:.2g} {dtype} ulps of DeepSpeed's, parameters within {diffs[where]:.2g} (at {where})")
+        if entry.get("exact"):
+            assert worst == 0 and diffs[where] == 0, (zero["losses"], ds["losses"], diffs)
         assert worst <= 2, (zero["losses"], ds["losses"])
         assert diffs[where] <= 2 * ulp16(1.0, dtype), diffs
         return
@@ -161,6 +171,17 @@ def test_config_means_what_it_means_in_deepspeed(grid: Dict[str, List[Dict[str, 
     fused = entry["optimizer"]["type"] in ("Adam", "AdamW") and not entry["optimizer"].get("params", {}).get("torch_adam")
     assert worst <= (3e-6 if fused else 1e-6), (zero["losses"], ds["losses"])
     assert diffs[where] <= 1e-5, diffs
+
+
+def test_the_sums_dtype_matters_and_both_match_deepspeed(grid: Dict[str, List[Dict[str, Any]]]) -> None:
+    """The bf16 accumulation entries above are not vacuous: summing a window in bf16
+    (DeepSpeed's default) and in fp32 give different parameters, in DeepSpeed and in zero,
+    and each matches DeepSpeed's own."""
+    for lib in ("deepspeed", "zero"):
+        a, b = grid[lib][0]["bf16-accumulation-s1"], grid[lib][0]["bf16-fp32-accumulation-s1"]
+        apart = max((a["params"][n] - t).abs().max().item() for n, t in b["params"].items())
+        print(f"{lib}: bf16 and fp32 sums of a window end {apart:.2g} apart")
+        assert apart > 0, lib
 
 
 # ---- DeepSpeed's checkpoints ---------------------------------------------------------------

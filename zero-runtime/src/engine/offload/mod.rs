@@ -3,8 +3,8 @@
 //!
 //! The owned partition of each bucket is cut into **sub-groups** of at most
 //! `sub_group_size` elements; a sub-group is the unit every offloaded step moves:
-//! its gradients cross to the host once (in the gradient buffer's dtype: 16-bit, or the
-//! fp32 accumulator with accumulation), the CPU runs the fused Adam on it (unscale, clip,
+//! its gradients cross to the host once (in the gradient buffer's dtype, or the
+//! accumulator's `grad_accum_dtype` with accumulation), the CPU runs the fused Adam on it (unscale, clip,
 //! Adam, cast to 16-bit in one pass: the same kernel, so the same bits as on the device),
 //! and its 16-bit parameters cross back once. On NVMe each sub-group's fp32 state is one
 //! aligned block `[master | exp_avg | exp_avg_sq]` of the rank's swap file, and the step
@@ -166,8 +166,8 @@ pub(crate) struct Offload {
     pub groups: Vec<SubGroup>,
     pub store: Store,
     pub arena: HostArena,
-    /// Host staging of a chunk of a sub-group's gradients (by dtype: fp32 accumulator or
-    /// 16-bit) and parameters.
+    /// Host staging of a chunk of a sub-group's gradients (by dtype: an fp32 accumulator,
+    /// or 16-bit) and parameters.
     pub grads: Vec<HostBuffer>,
     pub params: HostBuffer,
     /// Bytes of state in the host tier, and on NVMe (the swap file, with each block's
@@ -184,8 +184,8 @@ const SWAP_FILE: &str = "optimizer.swp";
 impl Offload {
     /// Lays out the state of buckets whose owned partitions are `owned[b]` elements,
     /// allocating the host tier or creating the swap file (with its start-up checks).
-    /// `dtypes` are the parameters' and the gradients' the optimizer reads (the fp32
-    /// accumulator with accumulation).
+    /// `dtypes` are the parameters' and the gradients' the optimizer reads (the
+    /// accumulator's with accumulation at stages 2–3).
     pub fn new(
         cfg: &OffloadOptimizerConfig,
         aio: AioConfig,

@@ -520,3 +520,73 @@ fn save_hf_weights_shares_the_shards_among_the_ranks() {
     assert_eq!(on_disk, count, "files on disk against files reported");
     assert_eq!(read_export(&shared), read_export(&alone));
 }
+
+/// fp32 from a bf16 run writes the fp32 master weights (what DeepSpeed's `zero_to_fp32`
+/// recovers), not the bf16 parameters widened: at stages 0–3, world 3, with the optimizer
+/// state on the device and offloaded to the host, every trainable tensor holds the bits of
+/// the ranks' consolidated master weights, and the frozen one its bf16 values widened.
+#[test]
+fn fp32_weights_of_a_bf16_run_are_the_master_weights() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let modules = model(700);
+    for stage in 0..=3u8 {
+        for offload in ["", r#", "offload_optimizer": {"device": "cpu"}"#] {
+            if stage == 0 && !offload.is_empty() {
+                continue; // (offload needs stage 1 or more)
+            }
+            let cfg = config(stage, offload);
+            let out = tmp.path().join(format!("fp32-{stage}-{}", offload.len()));
+            let ranks = on_ranks(3, &cfg, &modules, |e| {
+                step(e);
+                e.save_hf_weights(&out, 400, zero_kernels::DType::F32)
+                    .expect("fp32 save");
+                let frozen = {
+                    e.fetch(0).unwrap();
+                    let p = e.params_f32(0).unwrap();
+                    e.release(0).unwrap();
+                    p[1].clone()
+                };
+                (e.optimizer_state().expect("state"), frozen)
+            });
+            let got = read_export(&out);
+            let mut masters: BTreeMap<String, Vec<Option<u32>>> = BTreeMap::new();
+            for (pieces, _) in &ranks {
+                for p in pieces {
+                    let whole = masters.entry(p.name.clone()).or_default();
+                    if whole.len() < p.elements.end {
+                        whole.resize(p.elements.end, None);
+                    }
+                    for (i, v) in p.elements.clone().zip(&p.master) {
+                        whole[i] = Some(v.to_bits());
+                    }
+                }
+            }
+            let mut differs_from_bf16 = false;
+            for (name, whole) in &masters {
+                let want: Vec<u32> = whole
+                    .iter()
+                    .map(|v| v.unwrap_or_else(|| panic!("{name}: an element no rank holds")))
+                    .collect();
+                assert!(got[name] == want, "stage {stage} {offload}: {name}");
+                differs_from_bf16 |= want
+                    .iter()
+                    .any(|&b| half::bf16::from_f32(f32::from_bits(b)).to_f32().to_bits() != b);
+            }
+            assert!(
+                differs_from_bf16,
+                "stage {stage}: the masters must hold more than bf16 for the test to tell"
+            );
+            let frozen: Vec<u32> = ranks[0].1.iter().map(|x| x.to_bits()).collect();
+            assert!(
+                got["embed.pos"] == frozen,
+                "stage {stage}: the frozen tensor"
+            );
+            assert_eq!(
+                got.len(),
+                masters.len() + 1,
+                "stage {stage}: {:?}",
+                got.keys()
+            );
+        }
+    }
+}

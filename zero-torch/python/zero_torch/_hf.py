@@ -175,8 +175,9 @@ class HfCheckpointMethods:
         ``config``, where it has one), ``model-0000k-of-0000n.safetensors`` shards of at
         most ``max_shard_size`` (bytes, or a string as transformers takes it: ``"5GB"``,
         ``"500MiB"``) and ``model.safetensors.index.json``. Each parameter is whole, in
-        ``dtype`` (default: the run's dtype; ``torch.float32`` widens the parameters'
-        values), tied weights under each of their names. Every rank calls it: the ranks
+        ``dtype`` (default: the run's dtype; ``torch.float32`` from a 16-bit run writes
+        the fp32 master weights, as DeepSpeed's ``zero_to_fp32`` recovers them, and frozen
+        parameters widened), tied weights under each of their names. Every rank calls it: the ranks
         gather one bucket at a time, so no rank holds the model, and share the writing:
         shard ``k`` is written by rank ``k mod world_size``, the index and config by rank 0
         (so ``path`` must be a folder every rank sees: one host, or a shared filesystem).

@@ -10,7 +10,8 @@ use crate::device::Device;
 use crate::io::{WrittenFile, DEFAULT_BUFFER};
 use crate::EngineError;
 use std::path::Path;
-use zero_comm::{Communicator, Completion};
+use zero_comm::{Communicator, Completion, HostBuffer, HostVec};
+use zero_kernels::DType;
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Writes the model's weights, in the run's 16-bit dtype (fp32 for an fp32 run), to
@@ -30,9 +31,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Writes the model's weights to `dir` as Hugging Face safetensors shards of at most
     /// `max_shard_bytes` (`model-0000k-of-0000n.safetensors` and
-    /// `model.safetensors.index.json`), each parameter whole in `dtype` (the parameters'
-    /// values, widened or rounded), tied weights once under their first name, as
-    /// `save_pretrained` stores them. Every rank calls it, and the ranks share the writing
+    /// `model.safetensors.index.json`), each parameter whole in `dtype`, tied weights once
+    /// under their first name, as
+    /// `save_pretrained` stores them. The values are the parameters' (rounded to a 16-bit
+    /// `dtype`), except fp32 from a 16-bit run: then trainable parameters are their fp32
+    /// master weights, gathered from the ranks' partitions (what DeepSpeed's
+    /// `zero_to_fp32` recovers), and frozen ones their 16-bit values widened. Every rank
+    /// calls it, and the ranks share the writing
     /// of `dir` (a folder they all see: one host, or a shared filesystem): shard `k` is
     /// written by rank `k mod world`, the index by rank 0, while the ranks gather one bucket
     /// at a time. Any rank's failure is an error on every rank. Returns the files this rank
@@ -41,7 +46,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
-        dtype: zero_kernels::DType,
+        dtype: DType,
     ) -> Result<Vec<WrittenFile>, EngineError> {
         self.save_weights(dir, max_shard_bytes, dtype, false, true)
     }
@@ -52,7 +57,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
-        dtype: zero_kernels::DType,
+        dtype: DType,
         aliases: bool,
         shared: bool,
     ) -> Result<Vec<WrittenFile>, EngineError> {
@@ -72,7 +77,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         dir: &Path,
         max_shard_bytes: u64,
-        dtype: zero_kernels::DType,
+        dtype: DType,
         aliases: bool,
         shared: bool,
     ) -> Result<Vec<WrittenFile>, EngineError> {
@@ -109,12 +114,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             None
         };
+        // fp32 from a 16-bit run: the master weights, not the rounded parameters.
+        let masters = dtype == DType::F32 && self.dtype != DType::F32;
         // A write that fails must not stop rank 0 from joining the other ranks' gathers:
         // the first failure is kept and returned at the end.
         let mut failure: Option<EngineError> = None;
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
-            let gathered = if self.params_sharded(b) {
+            let gathered = if masters {
+                Some(self.whole_masters(b)?)
+            } else if self.params_sharded(b) {
                 let input = self.shard_input(b)?;
                 let output = self.dev.zeros(self.dtype, layout.total_len())?;
                 let work = self.issue(
@@ -155,6 +164,41 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             })?;
         }
         Ok(w.finish()?)
+    }
+
+    /// Bucket `b`'s fp32 master weights, whole: gathered from the ranks' partitions at
+    /// stages 1–3 (a collective), read from wherever they live (the device or the offload
+    /// tier).
+    fn whole_masters(&mut self, b: usize) -> Result<C::Buffer, EngineError> {
+        let layout = self.plan.buckets[b].layout.clone();
+        let held = if self.policy.shards_optimizer() {
+            layout.partition_len()
+        } else {
+            layout.total_len()
+        };
+        let mut part = self.dev.zeros(DType::F32, held)?;
+        if self.offload.is_some() {
+            let mut vals = vec![0f32; held];
+            self.read_held(b, 0, 0..held, |at, x| {
+                vals[at..at + x.len()].copy_from_slice(x);
+                Ok(())
+            })?;
+            let host = HostBuffer::F32(HostVec::new(vals));
+            self.dev.copy_from_host(&host, 0..held, &mut part, 0)?;
+        } else {
+            let (buf, at) = self.held_array(b, 0)?;
+            self.dev
+                .copy(buf, Self::held_range(at, 0..held), &mut part, 0)?;
+        }
+        if !self.policy.shards_optimizer() {
+            return Ok(part);
+        }
+        let output = self.dev.zeros(DType::F32, layout.total_len())?;
+        let work = self.issue(
+            |c| &mut c.param_gather,
+            |comm| comm.all_gather(part, output),
+        )?;
+        Ok(work.wait()?.1)
     }
 
     /// Parameter `id` under each of its names, its values downloaded by `values` only where

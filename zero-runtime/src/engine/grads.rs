@@ -6,9 +6,11 @@
 //!   micro-steps in place (the next micro-step adds to them), as DeepSpeed's accumulate in
 //!   `.grad`; 16-bit gradients summed in fp32 go through an fp32 accumulator.
 //! - Stages 2–3 reduce-scatter every micro-step from a recycled staging buffer straight
-//!   into the owned partition (`grad_shard`), adding it into an accumulator of the
-//!   `grad_accum_dtype` when accumulating (as DeepSpeed's stage 3 adds each reduced
-//!   partition into its accumulation buffer).
+//!   into the owned partition (`grad_shard`). Summing a window in the gradients' dtype
+//!   (`grad_accum_dtype`'s default), the shard is the sum: its window's first reduction
+//!   writes it, each later one goes to a recycled scratch output that is then added in,
+//!   as DeepSpeed's stage 3 copies, then adds, each reduced partition into its buffer.
+//!   fp32 sums of 16-bit gradients add every reduced shard into an fp32 accumulator.
 //!   The pool keeps as many staging buffers as the last micro-step had in use at once, so
 //!   a pass that held many (every bucket, when the trainer declares modules ready only at
 //!   the end) does not keep them for the rest of the run.
@@ -222,25 +224,39 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     |c| &mut c.grad_reduce,
                     |comm| comm.reduce_scatter(grads, out, ReduceOp::Avg),
                 )?;
-                Reduction::ReduceScatter { bucket: b, work }
+                Reduction::ReduceScatter {
+                    bucket: b,
+                    work,
+                    added: false,
+                }
             }
         } else {
             let grads = self.buckets[b]
                 .grads
                 .take()
                 .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
-            while self.buckets[b].grad_shard.is_none() && !self.inflight.is_empty() {
-                self.finish_oldest()?;
-            }
-            let shard = self.buckets[b]
-                .grad_shard
-                .take()
-                .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
+            let added = self.sums_in_shard() && !self.buckets[b].shard_fresh;
+            let out = if added {
+                self.take_scratch(part)?
+            } else {
+                while self.buckets[b].grad_shard.is_none() && !self.inflight.is_empty() {
+                    self.finish_oldest()?;
+                }
+                self.buckets[b].shard_fresh = false;
+                self.buckets[b]
+                    .grad_shard
+                    .take()
+                    .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?
+            };
             let work = self.issue(
                 |c| &mut c.grad_reduce,
-                |comm| comm.reduce_scatter(grads, shard, ReduceOp::Avg),
+                |comm| comm.reduce_scatter(grads, out, ReduceOp::Avg),
             )?;
-            Reduction::ReduceScatter { bucket: b, work }
+            Reduction::ReduceScatter {
+                bucket: b,
+                work,
+                added,
+            }
         };
         self.inflight.push_back(reduction);
         if !self.cfg.zero.overlap_comm {
@@ -248,6 +264,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.timings.add_reduce(t0.elapsed());
         Ok(())
+    }
+
+    /// An output of `len` elements for a reduction added into a shard: an idle one of that
+    /// length, else a new one (partitions of a plan's buckets have few distinct lengths).
+    fn take_scratch(&mut self, len: usize) -> Result<C::Buffer, EngineError> {
+        if let Some(i) = self.scratch.iter().position(|b| self.dev.len(b) == len) {
+            return Ok(self.scratch.swap_remove(i));
+        }
+        self.scratch_allocated += len;
+        self.dev.zeros(self.dtype, len)
     }
 
     /// Keeps as many staging buffers as this micro-step had in use at once (the largest
@@ -277,10 +303,23 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Reduction::AllReduce { bucket, work } => {
                 self.buckets[bucket].grads = Some(work.wait()?);
             }
-            Reduction::ReduceScatter { bucket, work } => {
+            Reduction::ReduceScatter {
+                bucket,
+                work,
+                added,
+            } => {
                 let (mut input, output) = work.wait()?;
                 let part = self.plan.buckets[bucket].layout.partition_len();
-                if self.policy.shards_gradients() {
+                if added {
+                    // (An earlier reduction into this shard was queued first, so it is back.)
+                    let shard = self.buckets[bucket]
+                        .grad_shard
+                        .as_mut()
+                        .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
+                    self.dev.accumulate(shard, 0, &output, 0..part)?;
+                    self.scratch.push(output);
+                    self.pool.push((input, self.staging_cap[bucket]));
+                } else if self.policy.shards_gradients() {
                     if let Some(accum) = self.buckets[bucket].accum.as_mut() {
                         self.dev.accumulate(accum, 0, &output, 0..part)?;
                     }

@@ -72,9 +72,13 @@ struct BucketState<B, W2> {
     grads: Option<B>,
     /// The reduced owned partition of the gradients (stages 2–3).
     grad_shard: Option<B>,
-    /// fp32 gradient accumulator (accumulation > 1; not in stages 0–1 with fp32 gradients,
-    /// which accumulate in `grads` itself).
+    /// Gradient accumulator in `grad_accum_dtype` (accumulation > 1), only where the sum
+    /// is in another dtype than the gradients: gradients summed in their own dtype
+    /// accumulate in `grads` itself (stages 0–1) or in `grad_shard` (stages 2–3).
     accum: Option<B>,
+    /// Stages 2–3: `grad_shard` holds nothing of the current window yet, so the next
+    /// reduction writes into it; later ones of the window are added to it.
+    shard_fresh: bool,
     /// fp32 sum of the reduced gradients of a micro-step that was reopened after its
     /// reductions (a second backward before the step), shaped like the buffer
     /// `step_grads` reads; dropped after the step.
@@ -90,8 +94,16 @@ struct BucketState<B, W2> {
 
 /// A reduction in flight.
 enum Reduction<W1, W2> {
-    AllReduce { bucket: usize, work: W1 },
-    ReduceScatter { bucket: usize, work: W2 },
+    AllReduce {
+        bucket: usize,
+        work: W1,
+    },
+    /// `added`: the output is a scratch buffer to add into the bucket's gradient shard.
+    ReduceScatter {
+        bucket: usize,
+        work: W2,
+        added: bool,
+    },
 }
 
 /// Counters of elements sent, by purpose.
@@ -134,6 +146,11 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     pool_peak: usize,
     /// Capacity of the staging buffer each bucket holds now.
     staging_cap: Vec<usize>,
+    /// Idle outputs of reductions added into a gradient shard (stages 2–3 summing a window
+    /// in the gradients' dtype).
+    scratch: Vec<C::Buffer>,
+    /// Capacity of every such output allocated, in elements.
+    scratch_allocated: usize,
     inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
     scaler: LossScaler,
     schedule: LrSchedule,
@@ -215,6 +232,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         // Whole-bucket gradients (stages 0–1) summed in their own dtype are their own
         // accumulator.
         let in_place = accumulate && accum_dtype == dtype && !policy.shards_gradients();
+        // ... and stages 2–3 summing in the gradients' dtype add into the shard.
+        let in_shard = accumulate && accum_dtype == dtype && policy.shards_gradients();
         let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
@@ -244,7 +263,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .shards_gradients()
                     .then(|| dev.zeros(dtype, part))
                     .transpose()?,
-                accum: (accumulate && !in_place)
+                accum: (accumulate && !in_place && !in_shard)
                     .then(|| {
                         let len = if policy.shards_gradients() {
                             part
@@ -254,6 +273,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         dev.zeros(accum_dtype, len)
                     })
                     .transpose()?,
+                shard_fresh: true,
                 carry: None,
                 opt: AdamState {
                     master: master_apart
@@ -385,6 +405,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             pool_buffers: 0,
             pool_peak: 0,
             staging_cap: vec![0; n_buckets],
+            scratch: Vec::new(),
+            scratch_allocated: 0,
             inflight: VecDeque::new(),
             optimizer_steps: 0,
             global_steps: 0,
@@ -529,6 +551,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.cfg.gradient_accumulation_steps > 1
             && Self::accum_dtype(&self.cfg, self.dtype) == self.dtype
             && !self.policy.shards_gradients()
+    }
+
+    /// Whether stages 2–3 sum a window's reduced gradients in the shard itself (in the
+    /// gradients' dtype: the first reduction of the window writes it, the later ones are
+    /// added, as DeepSpeed's stage 3 sums into its partition buffer).
+    fn sums_in_shard(&self) -> bool {
+        self.cfg.gradient_accumulation_steps > 1
+            && Self::accum_dtype(&self.cfg, self.dtype) == self.dtype
+            && self.policy.shards_gradients()
     }
 
     /// The dtype a window's micro-steps' gradients are summed in

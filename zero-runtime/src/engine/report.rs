@@ -211,10 +211,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// stage 0 `(2p+12)Ψ'`, stage 1 `2pΨ' + 12Ψ'/N`, stage 2 `pΨ' + (p+12)Ψ'/N`, stage 3
     /// `(2p+12)Ψ'/N` — with p = 2: 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N. fp32 parameters are
     /// their own master weights (unless offloaded), so 12 becomes 8 for p = 4: stage 0
-    /// keeps 16Ψ, as DeepSpeed. Gradient accumulation adds a buffer (`grad_accum`) in
-    /// `data_types.grad_accum_dtype`: none in stages 0–1 where gradients sum in their own
-    /// dtype (in place, DeepSpeed's default), 4Ψ' there with fp32 sums of 16-bit
-    /// gradients; `a`Ψ'/N in stages 2–3, `a` that dtype's bytes.
+    /// keeps 16Ψ, as DeepSpeed. Gradient accumulation in the gradients' own dtype
+    /// (`data_types.grad_accum_dtype`'s default) adds no buffer: stages 0–1 sum in place,
+    /// stages 2–3 add each later reduction (through a bucket-sized scratch output, counted
+    /// in `buckets`) into the shard. fp32 sums of 16-bit gradients add an fp32 buffer
+    /// (`grad_accum`): 4Ψ' in stages 0–1, 4Ψ'/N in stages 2–3.
     pub fn memory_report(&self) -> MemoryReport {
         let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);
@@ -232,7 +233,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             r.grad_accum += opt_size(s.accum.as_ref());
         }
         let p = self.dtype.size_of();
-        r.buckets = self.pool_allocated * p;
+        r.buckets = (self.pool_allocated + self.scratch_allocated) * p;
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
         r.frozen = size(&self.frozen);

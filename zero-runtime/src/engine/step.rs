@@ -527,6 +527,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];
             state.carry = None;
+            state.shard_fresh = true;
             if let Some(g) = state.grads.as_mut() {
                 self.dev.zero(g, 0..plan.layout.total_len())?;
             }

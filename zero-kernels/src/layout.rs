@@ -7,8 +7,10 @@
 //! halves of that:
 //!
 //! - every tensor starts on a multiple of `align` elements (default
-//!   [`DEFAULT_ALIGN_ELEMS`] = 64: 128 bytes of bf16, 256 of f32, enough for 16-byte vector
-//!   loads on every dtype and a cache line on the CPU);
+//!   [`align_elems`]: [`ALIGN_BYTES`] = 512 bytes whatever the dtype, 256 elements of bf16
+//!   or 128 of f32: the granularity of PyTorch's CUDA caching allocator, so a parameter that
+//!   views the buffer is as aligned as one torch allocated itself, and cuBLAS and fused
+//!   kernels, which pick their code path by alignment, take the same path at every stage);
 //! - the total is padded to a multiple of `world × align`, so the buffer splits into `world`
 //!   equal partitions whose length is a multiple of `align`: every partition start is
 //!   aligned too, and a reduce-scatter or all-gather moves equal counts on every rank;
@@ -20,8 +22,14 @@
 use crate::{DType, KernelError};
 use std::ops::Range;
 
-/// Default alignment of tensor starts, in elements (Megatron's parameter alignment).
-pub const DEFAULT_ALIGN_ELEMS: usize = 64;
+/// Default alignment of tensor starts, in bytes (PyTorch's CUDA allocator rounds every
+/// block to it).
+pub const ALIGN_BYTES: usize = 512;
+
+/// [`ALIGN_BYTES`] in elements of `dtype`: where tensors of a default layout start.
+pub const fn align_elems(dtype: DType) -> usize {
+    ALIGN_BYTES / dtype.size_of()
+}
 
 /// A piece of one tensor that lies in one rank's partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,13 +94,13 @@ impl FlatLayout {
         })
     }
 
-    /// [`FlatLayout::new`] with [`DEFAULT_ALIGN_ELEMS`].
+    /// [`FlatLayout::new`] with tensors starting every [`ALIGN_BYTES`] bytes.
     pub fn with_default_alignment(
         sizes: &[usize],
         dtype: DType,
         world: usize,
     ) -> Result<Self, KernelError> {
-        Self::new(sizes, dtype, DEFAULT_ALIGN_ELEMS, world)
+        Self::new(sizes, dtype, align_elems(dtype), world)
     }
 
     /// Number of tensors.

@@ -17,7 +17,7 @@ pub use cast::{cast, copy};
 pub use dtype::{bf16_from_f32_rne, DType, Element};
 pub use error::KernelError;
 pub use flatten::{flatten, tensor_views, tensor_views_mut, unflatten};
-pub use layout::{FlatLayout, Shard, DEFAULT_ALIGN_ELEMS};
+pub use layout::{align_elems, FlatLayout, Shard, ALIGN_BYTES};
 pub use par::PAR_CHUNK;
 pub use stats::{grad_stats, GradStats, STATS_CHUNK};
 

@@ -14,7 +14,7 @@
 
 use crate::model::ModuleSpec;
 use crate::EngineError;
-use zero_kernels::{DType, FlatLayout, DEFAULT_ALIGN_ELEMS};
+use zero_kernels::{align_elems, DType, FlatLayout};
 
 /// Where one parameter lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Plan {
             count += m.params.len();
         }
         let mut locs = vec![ParamLoc::Frozen { offset: 0 }; count];
-        let mut frozen_len = 0;
+        let mut frozen_len: usize = 0;
         let mut buckets: Vec<BucketPlan> = Vec::new();
         // Open buckets being filled: [normal, persistent], as (params, modules, numel).
         let mut open: [(Vec<usize>, Vec<usize>, usize); 2] = Default::default();
@@ -94,7 +94,7 @@ impl Plan {
                 .iter()
                 .map(|&p| numel_of(modules, &first_param, p))
                 .collect();
-            let layout = FlatLayout::new(&sizes, dtype, DEFAULT_ALIGN_ELEMS, world)?;
+            let layout = FlatLayout::new(&sizes, dtype, align_elems(dtype), world)?;
             for (index, &p) in params.iter().enumerate() {
                 locs[p] = ParamLoc::Bucket {
                     bucket: buckets.len(),
@@ -114,8 +114,11 @@ impl Plan {
             for (k, p) in m.params.iter().enumerate() {
                 let id = first_param[mi] + k;
                 if !p.trainable {
-                    locs[id] = ParamLoc::Frozen { offset: frozen_len };
-                    frozen_len += p.numel();
+                    // Frozen parameters start aligned too (a torch view of the buffer is).
+                    let align = align_elems(dtype);
+                    let offset = frozen_len.div_ceil(align) * align;
+                    locs[id] = ParamLoc::Frozen { offset };
+                    frozen_len = offset + p.numel();
                 } else {
                     add[usize::from(p.numel() <= persistence_threshold)].push(id);
                 }
@@ -218,6 +221,6 @@ mod tests {
         assert!(p
             .buckets
             .iter()
-            .all(|b| b.layout.total_len() % (2 * DEFAULT_ALIGN_ELEMS) == 0));
+            .all(|b| b.layout.total_len() % (2 * align_elems(b.layout.dtype())) == 0));
     }
 }

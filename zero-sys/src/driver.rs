@@ -116,6 +116,40 @@ pub fn version() -> Result<(i32, i32), String> {
     Ok((v / 1000, v % 1000 / 10))
 }
 
+/// The calling thread's current CUDA context when made, made current again when dropped.
+/// Every `cudarc` call binds its device's primary context to the calling thread, and the
+/// CUDA runtime that PyTorch uses reads its current device from that binding: a caller
+/// whose thread had another device current gets it back after zero's calls.
+pub struct KeepCurrentContext {
+    ctx: cudarc::driver::sys::CUcontext,
+}
+
+impl KeepCurrentContext {
+    /// Saves the calling thread's current context (none is a valid state, restored as
+    /// none). Open the driver with [`library`] first.
+    pub fn save() -> Result<Self, String> {
+        use cudarc::driver::sys;
+        library().map_err(|e| e.to_string())?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: cuCtxGetCurrent(CUcontext*) writes one handle (or null) to the live local.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        if rc != sys::cudaError_enum::CUDA_SUCCESS {
+            return Err(format!("reading the current CUDA context: {rc:?}"));
+        }
+        Ok(Self { ctx })
+    }
+}
+
+impl Drop for KeepCurrentContext {
+    fn drop(&mut self) {
+        // SAFETY: the handle was this thread's current context when saved, or null (then
+        // the thread is left with none). Primary contexts, the only ones zero and PyTorch
+        // bind, stay alive while retained, and both keep theirs for the process's life.
+        // A failure here cannot be reported from Drop; the next driver call reports it.
+        let _ = unsafe { cudarc::driver::sys::cuCtxSetCurrent(self.ctx) };
+    }
+}
+
 /// Borrows the CUDA stream `handle` that another library owns (PyTorch's
 /// `torch.cuda.current_stream().cuda_stream`), to order work with it through events.
 /// `0` is the legacy default stream. The stream must belong to `ctx` (checked with
@@ -132,8 +166,11 @@ pub fn borrow_stream(
     if handle != 0 {
         let mut owner: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: cuStreamGetCtx(CUstream, CUcontext*) writes one handle to the live local
-        // `owner`; the stream handle is the owner's live stream (the documented contract),
-        // and the driver rejects handles it does not know with an error code.
+        // `owner`. The handle is non-null (checked: 0 is the legacy stream, taken below
+        // without a call) and must be a stream its owner created and has not destroyed:
+        // the caller's guarantee (PyTorch keeps its current stream alive while it is
+        // current). The driver returns an error for a value that never was a stream, but a
+        // destroyed stream's handle is undefined behaviour inside the driver, not an error.
         let rc = unsafe { sys::cuStreamGetCtx(stream, &mut owner) };
         if rc != sys::cudaError_enum::CUDA_SUCCESS {
             return Err(format!("stream {handle:#x} is not a CUDA stream: {rc:?}"));

@@ -10,8 +10,8 @@
 //! The rule that makes this sound: only the `HostVec` forms Rust references into the
 //! allocation; a lease gives an address, for code outside Rust (a framework's kernels)
 //! that reads and writes it between the engine's calls. The allocation never moves or
-//! grows while leased ([`HostVec::resize`] refuses). Element 0 is 64-byte aligned, as
-//! PyTorch aligns its CPU allocations, and a new vector's memory comes zeroed from the
+//! grows while leased ([`HostVec::resize`] refuses). Element 0 is 512-byte aligned (past
+//! the 64 PyTorch gives its CPU allocations), and a new vector's memory comes zeroed from the
 //! allocator (untouched pages of a large one cost nothing until written).
 
 use bytemuck::Pod;
@@ -22,11 +22,13 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// Where element 0 of every `HostVec` lies: a multiple of 64 bytes, as PyTorch aligns its
-/// own CPU allocations. A framework's kernels that view the memory (MKL's GEMM among them)
-/// may pick their code path, and with it their rounding, by alignment; aligned like the
-/// framework's own tensors, the views compute what the framework's own copies would.
-pub const ALIGN_BYTES: usize = 64;
+/// Where element 0 of every `HostVec` lies: a multiple of 512 bytes, what PyTorch's CUDA
+/// allocator gives and more than the 64 of its CPU allocations, so a flat layout's
+/// 512-byte tensor starts (`zero_kernels::ALIGN_BYTES`) are 512-byte addresses. A
+/// framework's kernels that view the memory (MKL's GEMM among them) may pick their code
+/// path, and with it their rounding, by alignment; aligned at least like the framework's
+/// own tensors, the views compute what the framework's own copies would.
+pub const ALIGN_BYTES: usize = 512;
 
 /// Vectors of at least this many bytes are mapped from the kernel (anonymous `mmap`), not
 /// taken from malloc's heap: the engine's long-lived buffers and stage 3's per-gather

@@ -15,6 +15,7 @@ use crate::{cuda_tensors, views, with_host_type};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -63,10 +64,55 @@ pub struct NativeEngine {
 }
 
 impl NativeEngine {
-    fn lock(&self) -> PyResult<MutexGuard<'_, Inner>> {
-        self.inner
+    /// The engine, for one call: on the GPU the calling thread's current CUDA context (so
+    /// torch's current device) is put back when the call ends, whatever zero bound.
+    fn lock(&self) -> PyResult<Locked<'_>> {
+        let guard = self
+            .inner
             .lock()
-            .map_err(|_| ZeroError::new_err("the engine is unusable: a call into it panicked"))
+            .map_err(|_| ZeroError::new_err("the engine is unusable: a call into it panicked"))?;
+        let context = match &*guard {
+            Inner::Cuda(_) => Some(
+                zero_sys::driver::KeepCurrentContext::save()
+                    .map_err(crate::errors::DeviceError::new_err)?,
+            ),
+            Inner::Host(_) => None,
+        };
+        Ok(Locked {
+            guard,
+            _context: context,
+        })
+    }
+}
+
+/// The stream a CUDA copy is ordered with: torch's current stream, which the caller must
+/// name (`torch.cuda.current_stream().cuda_stream`; `0` is the legacy default stream, a
+/// valid choice only when it is torch's). Never a silent default.
+fn torch_stream(stream: Option<u64>) -> PyResult<u64> {
+    stream.ok_or_else(|| {
+        PyValueError::new_err(
+            "a CUDA engine copies on torch's current stream: pass \
+             stream=torch.cuda.current_stream().cuda_stream",
+        )
+    })
+}
+
+/// The engine locked for one call, and (on the GPU) the caller's CUDA context to restore.
+struct Locked<'a> {
+    guard: MutexGuard<'a, Inner>,
+    _context: Option<zero_sys::driver::KeepCurrentContext>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.guard
     }
 }
 
@@ -93,7 +139,7 @@ impl NativeEngine {
     /// Joins the job (the launcher's environment, or a world of one), reads the config,
     /// takes every parameter's initial value from rank 0's tensors (CPU tensors, whatever
     /// the device) and builds the engine on `device`: `"cpu"` (one process per rank over
-    /// shared memory) or `"cuda"` (the process's GPU, NCCL).
+    /// shared memory), `"cuda:N"` (GPU `N`, NCCL) or `"cuda"` (the local rank's GPU).
     #[new]
     #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", rendezvous_port=None))]
     fn new(
@@ -108,13 +154,10 @@ impl NativeEngine {
         let model = Model::read(modules, &values)?;
         let env = start::launch_env_at(rendezvous_port)?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
-        let inner = match device {
-            "cpu" => start::host(py, &env, config_json, model, timeout)?,
-            "cuda" => start::cuda(py, &env, config_json, model, timeout)?,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "device {other:?}: zero trains on \"cpu\" or \"cuda\""
-                )))
+        let inner = match start::Placement::parse(device)? {
+            start::Placement::Cpu => start::host(py, &env, config_json, model, timeout)?,
+            start::Placement::Cuda(ordinal) => {
+                start::cuda(py, &env, config_json, model, timeout, ordinal)?
             }
         };
         let dtype = with_engine!(&inner, e => e.dtype());
@@ -170,6 +213,12 @@ impl NativeEngine {
         detached!(self, py, e => e.abandon_pass())
     }
 
+    /// Waits for the engine's collectives in flight (reductions, prefetched gathers),
+    /// before the script issues its own on another communicator.
+    fn wait_collectives(&self, py: Python<'_>) -> PyResult<()> {
+        detached!(self, py, e => e.wait_collectives())
+    }
+
     /// Whether parameter `k` of module `m` stays whole on every rank.
     fn param_persistent(&self, m: usize, k: usize) -> PyResult<bool> {
         held!(self, e => e.param_persistent(m, k)).map_err(to_py)
@@ -178,11 +227,11 @@ impl NativeEngine {
     /// Copies module `m`'s parameters (in registration order) into `tensors`, each of the
     /// engine's dtype and its parameter's length, on the engine's device (`stream`: torch's
     /// current stream on the GPU).
-    #[pyo3(signature = (m, tensors, stream=0))]
-    fn fill(&self, m: usize, tensors: Vec<Bound<'_, PyAny>>, stream: u64) -> PyResult<()> {
+    #[pyo3(signature = (m, tensors, stream=None))]
+    fn fill(&self, m: usize, tensors: Vec<Bound<'_, PyAny>>, stream: Option<u64>) -> PyResult<()> {
         let guard = self.lock()?;
         let e = match &*guard {
-            Inner::Cuda(e) => return cuda_tensors::fill(e, m, &tensors, stream),
+            Inner::Cuda(e) => return cuda_tensors::fill(e, m, &tensors, torch_stream(stream)?),
             Inner::Host(e) => e,
         };
         with_host_type!(self.dtype, T => {
@@ -236,17 +285,19 @@ impl NativeEngine {
     /// Copies parameter `k` of module `m` into `tensor` (of the engine's dtype and the
     /// parameter's length): for parameters that stay whole (stage 3's persistent ones)
     /// while the rest of their module is not gathered.
-    #[pyo3(signature = (m, k, tensor, stream=0))]
+    #[pyo3(signature = (m, k, tensor, stream=None))]
     fn fill_param(
         &self,
         m: usize,
         k: usize,
         tensor: Bound<'_, PyAny>,
-        stream: u64,
+        stream: Option<u64>,
     ) -> PyResult<()> {
         let guard = self.lock()?;
         let e = match &*guard {
-            Inner::Cuda(e) => return cuda_tensors::fill_param(e, m, k, &tensor, stream),
+            Inner::Cuda(e) => {
+                return cuda_tensors::fill_param(e, m, k, &tensor, torch_stream(stream)?)
+            }
             Inner::Host(e) => e,
         };
         let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
@@ -262,20 +313,22 @@ impl NativeEngine {
     /// parameters only) into the engine: copied on its first arrival in a micro-step,
     /// added on later ones (always added where the engine accumulates micro-steps in
     /// place).
-    #[pyo3(signature = (m, k, grad, first, stream=0))]
+    #[pyo3(signature = (m, k, grad, first, stream=None))]
     fn put_grad(
         &self,
         m: usize,
         k: usize,
         grad: Bound<'_, PyAny>,
         first: bool,
-        stream: u64,
+        stream: Option<u64>,
     ) -> PyResult<()> {
         let mut guard = self.lock()?;
         // Copy only over zeros: where the buffers accumulate micro-steps in place, add.
         let first = first && !with_engine!(&*guard, e => e.grads_accumulate_in_place());
         let e = match &mut *guard {
-            Inner::Cuda(e) => return cuda_tensors::put_grad(e, m, k, &grad, first, stream),
+            Inner::Cuda(e) => {
+                return cuda_tensors::put_grad(e, m, k, &grad, first, torch_stream(stream)?)
+            }
             Inner::Host(e) => e,
         };
         with_host_type!(self.dtype, T => {

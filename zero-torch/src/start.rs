@@ -181,17 +181,53 @@ pub fn host(
     Ok(Inner::Host(model.build(cfg, comm, HostDevice)?))
 }
 
-/// Joins the job on this process's GPU (the one visible, else the local rank's) over NCCL
-/// and builds the GPU engine.
+/// Where a `NativeEngine` trains, from its `device` argument: `"cpu"`, `"cuda"` (the GPU
+/// the launcher's local rank picks: the one visible, else the local rank's) or
+/// `"cuda:N"` (device `N`: the one torch's model is on, so Python and Rust use one GPU).
+pub enum Placement {
+    /// The host engine.
+    Cpu,
+    /// The GPU engine on device `Some(N)`, or the local rank's.
+    Cuda(Option<usize>),
+}
+
+impl Placement {
+    /// Reads `device`; anything else is a `ValueError` naming it.
+    pub fn parse(device: &str) -> PyResult<Self> {
+        let bad = || {
+            PyValueError::new_err(format!(
+                "device {device:?}: zero trains on \"cpu\", \"cuda\" or \"cuda:N\""
+            ))
+        };
+        match device.split_once(':') {
+            None if device == "cpu" => Ok(Placement::Cpu),
+            None if device == "cuda" => Ok(Placement::Cuda(None)),
+            Some(("cuda", n)) => n
+                .parse()
+                .map(|n| Placement::Cuda(Some(n)))
+                .map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Joins the job on this process's GPU (`ordinal`, else the one visible, else the local
+/// rank's) over NCCL and builds the GPU engine.
 pub fn cuda(
     py: Python<'_>,
     env: &LaunchEnv,
     config_json: &str,
     model: Model<'_, '_>,
     timeout: Duration,
+    ordinal: Option<usize>,
 ) -> PyResult<Inner> {
-    // The GPU first: no driver (or no GPU) is a DeviceError naming it, before NCCL.
-    zero_kernels::cuda::Gpu::open(Some(env.local_rank)).map_err(device_to_py)?;
+    // The GPU first: no driver (or no GPU) is a DeviceError naming it, before NCCL, which
+    // then uses the GPU opened here.
+    match ordinal {
+        Some(n) => zero_kernels::cuda::Gpu::open_ordinal(n),
+        None => zero_kernels::cuda::Gpu::open(Some(env.local_rank)),
+    }
+    .map_err(device_to_py)?;
     let comm = py
         .detach(|| NcclComm::init(env, timeout))
         .map_err(comm_to_py)?;

@@ -188,8 +188,10 @@ impl NcclComm {
         Self::init(&env, timeout)
     }
 
-    /// [`from_env`](Self::from_env) with an explicit environment: the GPU is chosen from
-    /// `env.local_rank` (see [`Gpu::open`]), not from the process environment.
+    /// [`from_env`](Self::from_env) with an explicit environment: the process's GPU if one
+    /// is open already (a framework opened the device its model is on:
+    /// [`Gpu::open_ordinal`]), else the one `env.local_rank` picks (see [`Gpu::open`]), not
+    /// the process environment's.
     pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<Self, CommError> {
         let nccl = Nccl::get().map_err(|e| init_error(e.to_string()))?;
         if let Ok(v) = nccl.version() {
@@ -202,7 +204,10 @@ impl NcclComm {
                 nccl.opened_as()
             );
         }
-        let gpu = Gpu::open(Some(env.local_rank)).map_err(gpu_init)?;
+        let gpu = match Gpu::opened() {
+            Some(gpu) => gpu,
+            None => Gpu::open(Some(env.local_rank)).map_err(gpu_init)?,
+        };
         let stream = gpu.new_stream().map_err(gpu_init)?;
         let id = if env.rank == 0 {
             Some(nccl.unique_id().map_err(|e| init_error(e.to_string()))?)

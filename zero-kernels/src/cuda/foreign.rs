@@ -91,28 +91,41 @@ impl GpuStream {
 
     /// Runs `queue` (copies between `owner`'s memory and this stream's buffers) ordered
     /// after everything queued so far on `owner`, and makes `owner` wait for it.
+    ///
+    /// The two events are this stream's, made once and re-recorded by every crossing: a
+    /// wait orders against the record it follows, so a later record cannot change what an
+    /// earlier wait waited for.
     pub fn crossing<R>(
         &self,
         owner: &ForeignStream,
         queue: impl FnOnce(&Self) -> Result<R, GpuError>,
     ) -> Result<R, GpuError> {
-        let theirs = owner
-            .stream
-            .record_event(ordering_event())
+        let cell = self.crossing_events.clone();
+        let mut events = cell.lock().unwrap_or_else(|p| p.into_inner());
+        let make = || {
+            self.cuda()
+                .context()
+                .new_event(ordering_event())
+                .map_err(driver("creating the crossing events"))
+        };
+        let [theirs, ours] = match events.take() {
+            Some(made) => &*events.insert(made),
+            None => &*events.insert([make()?, make()?]),
+        };
+        theirs
+            .record(&owner.stream)
             .map_err(driver("recording an event on the tensor's stream"))?;
         self.cuda()
-            .wait(&theirs)
+            .wait(theirs)
             .map_err(driver("waiting for the tensor's stream"))?;
         let out = queue(self);
         // Even after a failed queue, earlier copies of the same crossing may be queued:
         // the owner waits for them either way.
-        let ours = self
-            .cuda()
-            .record_event(ordering_event())
+        ours.record(self.cuda())
             .map_err(driver("recording an event after the copies"))?;
         owner
             .stream
-            .wait(&ours)
+            .wait(ours)
             .map_err(driver("making the tensor's stream wait"))?;
         out
     }

@@ -124,14 +124,42 @@ impl Gpu {
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let ordinal = super::choose_device(local_rank, count.max(0) as usize, visible.as_deref())
             .map_err(opening_error)?;
+        Self::open_at(ordinal, &format!("local rank {local_rank:?}"))
+    }
+
+    /// Opens device `ordinal` (among the visible devices) as the process's GPU: the device
+    /// a framework already chose (zero-torch passes the one torch's model is on, so both
+    /// sides use one device). An error names both when another device is already open,
+    /// and the count when `ordinal` is not a visible device.
+    pub fn open_ordinal(ordinal: usize) -> Result<&'static Gpu, GpuError> {
+        zero_sys::driver::library()?;
+        let count = CudaContext::device_count().map_err(driver("device_count"))?;
+        if ordinal >= count.max(0) as usize {
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES")
+                .map(|v| format!("CUDA_VISIBLE_DEVICES={v:?}"))
+                .unwrap_or_else(|_| "CUDA_VISIBLE_DEVICES is not set".into());
+            return Err(opening_error(format!(
+                "GPU {ordinal} was asked for, but {count} GPUs are visible ({visible})"
+            )));
+        }
+        Self::open_at(ordinal, "the caller")
+    }
+
+    /// The process's GPU if one was opened (by [`open`](Self::open),
+    /// [`open_ordinal`](Self::open_ordinal) or [`get`](Self::get)), else `None`.
+    pub fn opened() -> Option<&'static Gpu> {
+        GPU.get().and_then(|g| g.as_ref().ok())
+    }
+
+    fn open_at(ordinal: usize, who: &str) -> Result<&'static Gpu, GpuError> {
         let gpu = GPU
             .get_or_init(|| Self::open_device(ordinal).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|m| opening_error(m.clone()))?;
         if gpu.ordinal != ordinal {
             return Err(opening_error(format!(
-                "this process already uses GPU {}, and local rank {local_rank:?} asks for GPU \
-                 {ordinal}; open the GPU (NcclComm::init, Gpu::open) before anything else uses it",
+                "this process already uses GPU {}, and {who} asks for GPU {ordinal}; open the \
+                 GPU (NcclComm::init, Gpu::open) before anything else uses it",
                 gpu.ordinal
             )));
         }

@@ -49,6 +49,10 @@ pub struct GpuStream {
     stream: Arc<CudaStream>,
     tables: Arc<TableStaging>,
     transfers: Arc<TransferStaging>,
+    /// The two events a crossing with a foreign stream records (created on the first one,
+    /// then re-recorded: an event per tensor per step would be created otherwise).
+    pub(crate) crossing_events:
+        Arc<std::sync::Mutex<Option<[zero_sys::cudarc::driver::CudaEvent; 2]>>>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -84,6 +88,7 @@ impl GpuStream {
             stream,
             tables: Arc::default(),
             transfers: Arc::default(),
+            crossing_events: Arc::default(),
         }
     }
 

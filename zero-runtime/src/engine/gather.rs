@@ -219,6 +219,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
+    /// Waits for every gather in flight (the buckets stay gathered).
+    pub(super) fn wait_all_gathers(&mut self) -> Result<(), EngineError> {
+        for b in 0..self.buckets.len() {
+            self.wait_gather(b)?;
+        }
+        Ok(())
+    }
+
     /// Frees every gathered bucket (their contents are stale after a step).
     pub(super) fn free_all_gathered(&mut self) -> Result<(), EngineError> {
         for b in 0..self.buckets.len() {

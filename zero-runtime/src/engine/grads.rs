@@ -339,6 +339,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
+    /// Waits for every collective this engine has in flight: reductions left running by
+    /// `overlap_comm`, and stage 3's prefetched gathers (which stay gathered). For a
+    /// trainer about to issue collectives of its own on another communicator of the same
+    /// devices (two NCCL communicators interleaving collectives can deadlock).
+    pub fn wait_collectives(&mut self) -> Result<(), EngineError> {
+        self.finish_all()?;
+        self.wait_all_gathers()
+    }
+
     /// Waits for every reduction in flight.
     pub(super) fn finish_all(&mut self) -> Result<(), EngineError> {
         let t0 = Instant::now();

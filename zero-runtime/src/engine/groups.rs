@@ -185,8 +185,8 @@ mod tests {
 
     #[test]
     fn runs_cover_the_held_range_and_follow_groups() {
-        // Three tensors of 10, 70 and 5 elements, aligned to 64: offsets 0, 64, 192; a
-        // world of 2 splits 256 into 0..128 and 128..256.
+        // Three f32 tensors of 10, 70 and 5 elements, starting every 512 bytes (128
+        // elements): offsets 0, 128, 256; a world of 2 splits 512 into 0..256 and 256..512.
         let modules = vec![ModuleSpec::new(
             "m",
             vec![

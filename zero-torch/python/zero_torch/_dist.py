@@ -35,6 +35,13 @@ def default_timeout() -> datetime.timedelta:
     return datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", "10")))
 
 
+def torch_uses_nccl() -> bool:
+    """Whether torch's default process group runs on NCCL: then a script's own collectives
+    and zero's (on zero's own NCCL communicator) share the GPU, and zero waits for its own
+    before handing control back (issue 30, M3)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
+
+
 def backend_for(device: torch.device) -> str:
     """DeepSpeed's accelerator's communication backend: NCCL for CUDA, gloo for the CPU."""
     return "nccl" if device.type == "cuda" else "gloo"

@@ -87,7 +87,7 @@ def backward_owner() -> Any:
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 """The engine's dtype names as torch dtypes."""
 
-_ALIGN = 64
+_ALIGN_BYTES = 512
 
 
 class _SavedView:
@@ -101,10 +101,23 @@ class _SavedView:
         self.shape = shape
         self.stride = stride
         self.offset = offset
-"""Each gathered parameter starts a multiple of this many elements into its unit's one
-allocation (128 bytes or more), so torch's kernels (cuBLAS picks its kernels by
+"""Each gathered parameter starts a multiple of this many bytes into its unit's one
+allocation (torch's CUDA allocator rounds its blocks to 512 bytes, and the engine's flat
+layout starts tensors as far apart), so torch's kernels (cuBLAS picks its kernels by
 alignment) see parameters as aligned as their own allocations would be, and compute the
 same bits in every stage."""
+
+
+def _used_on_current_stream(t: torch.Tensor) -> None:
+    """A CUDA tensor an engine crossing is about to read or write: its memory must not go
+    to another tensor before the crossing ran. Every crossing makes torch's current stream
+    wait for the engine's copies, which covers memory allocated on the current stream; a
+    tensor allocated on another stream (a gradient autograd made on the forward's side
+    stream, a parameter made before the script switched streams) is recorded on the
+    current stream, so the caching allocator reuses it only after the work queued there,
+    the wait included (``Tensor.record_stream``; a no-op for the allocation stream)."""
+    if t.is_cuda:
+        t.record_stream(torch.cuda.current_stream(t.device))
 
 
 class Runtime:
@@ -191,6 +204,13 @@ class Runtime:
         self.failed: Optional[BaseException] = None
         """Why filling the built engine failed: it is unusable (nothing trains on partly
         filled parameters)."""
+        self.broken_values: Dict[int, str] = {}
+        """Units whose torch copies a crossing from the engine left half written, with what
+        failed: refused until a fill succeeds (stage 3 fills again at its next gather)."""
+        self.broken_grads: Dict[int, str] = {}
+        """Units whose gradients a crossing into the engine left half added: the step is
+        refused, naming them (the backward that failed also leaves the engine unusable:
+        its error is raised again at the next forward)."""
         """Called with the native engine once it is built."""
         self.stack: List[torch.nn.Module] = []
         """Modules whose forward is running (innermost last): a parameter read during a
@@ -304,7 +324,8 @@ class Runtime:
             at = 0
             for p in u.sharded:
                 u.sharded_offsets.append(at)
-                at += -(-p.numel // _ALIGN) * _ALIGN
+                align = _ALIGN_BYTES // p.param.element_size()
+                at += -(-p.numel // align) * align
             u.sharded_numel = at
         if self.stage3:
             for u in order:
@@ -405,7 +426,13 @@ class Runtime:
             flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
             for p, at in zip(sharded, u.sharded_offsets):
                 p.param.data = flat[at:at + p.numel].view(p.shape)
-            self.native.fill(u.index, [p.param.data for p in u.params], self.stream())
+            try:
+                self._values_crossing(u, "filling its gathered parameters",
+                                      lambda: self.native.fill(u.index, [p.param.data for p in u.params], self.stream()))
+            except BaseException:
+                self.filled[u.index] = True  # (so _drop gives the half-written storage back)
+                self._drop(u)
+                raise
         for p in sharded:
             data = p.param.data
             start = data.data_ptr()
@@ -430,11 +457,40 @@ class Runtime:
             p.param.data = empty
         self.filled[u.index] = False
 
+    def _values_crossing(self, u: Unit, what: str, call: Callable[[], None]) -> None:
+        """Runs ``call``, a copy from the engine into unit ``u``'s torch tensors: a failure
+        marks the unit's values broken (half written), a success whole again."""
+        try:
+            call()
+        except BaseException as e:
+            self.broken_values[u.index] = f"{what} failed: {type(e).__name__}: {e}"
+            raise
+        self.broken_values.pop(u.index, None)
+
+    def _check_values(self, u: Unit) -> None:
+        broken = self.broken_values.get(u.index)
+        if broken is not None:
+            raise ZeroError(
+                f"the parameters of {u.name or 'the root module'} are half written and cannot be "
+                f"used: {broken}"
+            )
+
+    def check_grads(self) -> None:
+        """Refuses a step over gradients a failed crossing left half added."""
+        if self.broken_grads:
+            names = ", ".join(f"{self.reg.units[i].name or 'the root module'} ({why})"
+                              for i, why in sorted(self.broken_grads.items()))
+            raise ZeroError(
+                f"the gradients of {names} are incomplete, so the step would use them half "
+                "added: the parameters stay as they are"
+            )
+
     def gather(self, u: Unit) -> None:
         """Makes the unit's values available (a collective in stage 3)."""
         self.native.fetch(u.index)
         if self.stage3 and not self.filled[u.index]:
             self._fill(u)
+        self._check_values(u)
 
     def scatter(self, u: Unit) -> None:
         """The unit is done for now (stage 3 frees it)."""
@@ -451,11 +507,17 @@ class Runtime:
         stream = self.stream()
         for u in self.order:
             if self.stage3:
-                for p in u.params:
-                    if p.persistent:
-                        self.native.fill_param(u.index, p.k, p.param.data, stream)
+                def fill(u: Unit = u) -> None:
+                    for p in u.params:
+                        if p.persistent:
+                            _used_on_current_stream(p.param.data)
+                            self.native.fill_param(u.index, p.k, p.param.data, stream)
             else:
-                self.native.fill(u.index, [p.param.data for p in u.params], stream)
+                def fill(u: Unit = u) -> None:
+                    for p in u.params:
+                        _used_on_current_stream(p.param.data)
+                    self.native.fill(u.index, [p.param.data for p in u.params], stream)
+            self._values_crossing(u, "writing the step's values into its parameters", fill)
 
     # ---- forward ------------------------------------------------------------------
 
@@ -640,7 +702,12 @@ class Runtime:
             )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
-        self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
+        _used_on_current_stream(grad)
+        try:
+            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
+        except BaseException as e:
+            self.broken_grads[u.index] = f"adding {info.name}'s gradient failed: {type(e).__name__}: {e}"
+            raise
         self.arrivals[pid] = n + 1
         param.grad = None
         if self.expected is not None and n + 1 == self.expected.get(pid, 0):
@@ -655,6 +722,17 @@ class Runtime:
         self.ready[u.index] = True
         if self.stage3 and self.filled.get(u.index):
             self.scatter(u)
+
+    def settle_collectives(self) -> None:
+        """Where torch's default group is NCCL, waits for zero's collectives in flight
+        (``overlap_comm``'s reductions, stage 3's prefetched gathers): two NCCL
+        communicators whose collectives interleave in different orders on different ranks
+        can deadlock the GPU, so the script's own collectives (an ``all_reduce`` of the
+        loss between backward and step) start only after zero's are done."""
+        from . import _dist
+
+        if self.native is not None and _dist.torch_uses_nccl():
+            self.native.wait_collectives()
 
     def _end_of_backward(self) -> None:
         if not self.pass_is_mine:
@@ -693,6 +771,7 @@ class Runtime:
             for u in self.order:
                 if self.stage3 and self.filled.get(u.index):
                     self.scatter(u)
+            self.settle_collectives()
             self.micro_steps_done += 1
             self.passes_since_step += 1
         finally:

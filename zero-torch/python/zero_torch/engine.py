@@ -144,9 +144,14 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
              for p in u.params]
             for u in order
         ]
+        if self.device.type == "cuda":
+            # Two allocators share the GPU: what torch's cache holds unused goes back before
+            # the engine allocates its buffers (on every rank alike, so no rank retries a
+            # collective the others do not: issue 30, M4).
+            torch.cuda.empty_cache()
         try:
             native = _native.NativeEngine(
-                json.dumps(self._native_config), modules, values, self._timeout_s, self.device.type,
+                json.dumps(self._native_config), modules, values, self._timeout_s, str(self.device),
                 self._rendezvous_port
             )
         finally:
@@ -189,6 +194,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         that a plain ``loss.backward()`` is scaled as ``engine.backward(loss)`` scales it
         (by the loss scale over the accumulation steps)."""
         out = self.module(*args, **kwargs)
+        self._runtime.settle_collectives()
         if torch.is_grad_enabled():
             hook = self._output_hook
             for t in _hooks._tensors_in(out):
@@ -259,6 +265,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         if lr_kwargs and self.client_lr_scheduler is None:
             raise UnsupportedError("step(lr_kwargs=...) needs a scheduler given to initialize(lr_scheduler=...)")
         rt = self._runtime
+        rt.check_grads()
         if rt.passes_since_step == 0:
             raise OrderError("step() was called before backward(): there are no gradients for this micro-step")
         boundary = self.is_gradient_accumulation_boundary()
@@ -369,9 +376,16 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         torch's: ``torch_params``, parameter storage torch holds
         outside the engine's buffers (none on the CPU, where the parameters are views of
         them; on a GPU torch's own copies), and ``torch_grads``, the ``.grad`` tensors
-        alive. ``total`` is all of it: what the process holds for the model."""
+        alive. ``total`` is all of it: what the process holds for the model. On a GPU two
+        allocators hold device memory, zero's (every engine category above) and torch's
+        caching allocator: ``torch_cuda_allocated`` and ``torch_cuda_reserved`` are
+        torch's own figures for this device (activations and the script's tensors
+        included, so not in ``total``; 0 on the CPU)."""
         r = dict(self._native.memory_report())
         r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
+        on_gpu = self.device.type == "cuda"
+        r["torch_cuda_allocated"] = int(torch.cuda.memory_allocated(self.device)) if on_gpu else 0
+        r["torch_cuda_reserved"] = int(torch.cuda.memory_reserved(self.device)) if on_gpu else 0
         r["total"] = sum(
             r[k]
             for k in (

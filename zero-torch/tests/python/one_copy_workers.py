@@ -35,7 +35,9 @@ def _rss() -> int:
 def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int, frozen: bool = False, offload: bool = False) -> Dict[str, Any]:
     """Trains ``steps`` steps; checks after each that every parameter torch holds whole is
     a view of an engine buffer at the same address as after the first step, and, in stage
-    3, that gathered parameters view the gathered bucket during the forward. Returns the
+    3, that gathered parameters view the gathered bucket during the forward; every
+    parameter starts 512-byte aligned (as torch's CUDA allocator aligns its own blocks,
+    whatever the sizes before it). Returns the
     memory reports, losses and what went wrong."""
     import zero_torch
 
@@ -54,6 +56,8 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
         for n, p in module.named_parameters(recurse=False):
             if p.numel() and not _inside(p, ranges):
                 problems.append(f"{n} of {type(module).__name__} is not in an engine buffer during the forward")
+            if p.numel() and p.data_ptr() % 512:
+                problems.append(f"{n} of {type(module).__name__} starts at {p.data_ptr():#x}, not 512-byte aligned")
         during.append(engine.memory_report())
 
     handles = [mod.register_forward_hook(in_forward) for mod in m.modules() if list(mod.parameters(recurse=False))]
@@ -71,6 +75,8 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
                 continue  # stage 3: partitioned, no storage at rest
             if not _inside(p, ranges):
                 problems.append(f"{n} is not in an engine buffer after a step")
+            if p.data_ptr() % 512:
+                problems.append(f"{n} starts at {p.data_ptr():#x}, not 512-byte aligned")
             if first.setdefault(n, p.data_ptr()) != p.data_ptr():
                 problems.append(f"{n} moved: a copy was made")
         reports.append(engine.memory_report())

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import types
+from typing import Any
 
 import pytest
 import torch
@@ -91,8 +93,55 @@ def test_without_a_gpu_cuda_is_an_error_that_names_it(monkeypatch: pytest.Monkey
         _native.NativeEngine(cfg, modules, [[lin.weight.data, lin.bias.data]], 10.0, "cuda")
     print(f"no GPU: {err.value}")
     assert "libcuda" in str(err.value) or "GPU" in str(err.value), str(err.value)
-    with pytest.raises(ValueError, match="tpu"):
-        _native.NativeEngine(cfg, modules, [[lin.weight.data, lin.bias.data]], 10.0, "tpu")
+    with pytest.raises(zero_torch.DeviceError):
+        _native.NativeEngine(cfg, modules, [[lin.weight.data, lin.bias.data]], 10.0, "cuda:1")
+    for bad in ("tpu", "cuda:x", "cuda:-1", "cpu:0"):
+        with pytest.raises(ValueError, match=f"device '{bad}'".replace("'", '"')):
+            _native.NativeEngine(cfg, modules, [[lin.weight.data, lin.bias.data]], 10.0, bad)
+
+
+class _OnDevice(torch.nn.Module):
+    """Stands for a model on ``device`` (torch's CPU build cannot make CUDA tensors):
+    ``choose_device`` reads only its parameters' ``device``."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+
+    def parameters(self, recurse: bool = True) -> Any:  # type: ignore[override]
+        return iter([types.SimpleNamespace(device=self.device)])
+
+
+def test_python_and_rust_train_on_the_device_python_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is chosen once, in Python, and handed to Rust as ``cuda:N`` (issue 30,
+    M5): with ``LOCAL_RANK``, ``CUDA_VISIBLE_DEVICES`` and ``torch.cuda.set_device``
+    disagreeing, the choice is DeepSpeed's (a model already on a GPU stays there; else one
+    visible GPU, else the local rank's), and it is what the engine is built with."""
+    from zero_torch.engine import choose_device
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    current = {"device": 3}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    cpu = torch.device("cpu")
+    for visible, count, local_rank, model_on, want in [
+        # torchrun: all 8 GPUs visible, LOCAL_RANK 1, the script set_device(3) but kept
+        # the model on the CPU: the local rank's GPU, as DeepSpeed's engine picks it.
+        ("0,1,2,3,4,5,6,7", 8, 1, cpu, 1),
+        # SLURM --gpus-per-task=1: one visible GPU is device 0, whatever LOCAL_RANK says.
+        ("5", 1, 5, cpu, 0),
+        # The script moved the model to cuda:2 itself: it trains there, not on LOCAL_RANK's.
+        ("0,1,2,3", 4, 0, torch.device("cuda", 2), 2),
+        # A model on "cuda" (no index) is on torch's current device (set_device(3)).
+        ("0,1,2,3", 4, 0, torch.device("cuda"), 3),
+    ]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=count: n)
+        got = choose_device(_OnDevice(model_on) if model_on.type == "cuda" else models.Toy(), local_rank)
+        assert got == torch.device("cuda", want), (visible, local_rank, model_on, got)
+        # What Rust is given: the same ordinal, never a choice of its own.
+        assert str(got) == f"cuda:{want}"
 
 
 def test_the_accelerator_is_chosen_as_deepspeed_chooses_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,3 +179,74 @@ def test_a_rank_with_another_model_fails_every_rank(job: Any) -> None:
         assert r.get("raised") is not None, f"rank {rank} did not raise: {r}"
         assert r["after"] < 30, r
     print("; ".join(f"rank {k}: {r['raised']}: {r['message'][:160]}" for k, r in enumerate(results)))
+
+
+class _FailingNative:
+    """The native engine with its ``fail``-named method raising once, as a tensor
+    crossing that fails half way (a bad tensor, a device error) does."""
+
+    def __init__(self, native: Any, fail: str) -> None:
+        self._native, self._fail = native, fail
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._native, name)
+        if name != self._fail:
+            return attr
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            self._fail = ""
+            raise zero_torch.DeviceError("copying the tensor failed half way (injected)")
+
+        return failing
+
+
+def test_a_failed_gradient_crossing_refuses_the_step() -> None:
+    """A gradient half added into the engine is never stepped on (issue 30, L4): the step
+    names the unit and the cause, the parameters stay bit-identical, and the next forward
+    raises the backward's error again (a failed backward leaves the engine unusable)."""
+    engine = toy_engine()
+    one_step(engine)
+    before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    rt = engine._runtime
+    rt.native = _FailingNative(rt.native, "put_grad")
+    x, y = models.regression(1, 4)[0]
+    with pytest.raises(zero_torch.DeviceError, match="injected"):
+        engine.backward(engine(x, y))
+    with pytest.raises(zero_torch.ZeroError, match=r"gradients of head.*injected.*incomplete.*stay as they are"):
+        engine.step()
+    for n, p in engine.module.named_parameters():
+        assert torch.equal(p, before[n]), f"{n} changed"
+    with pytest.raises(zero_torch.DeviceError, match="injected"):
+        engine(x, y)
+
+
+class _Recording:
+    """The native engine, counting ``wait_collectives`` calls."""
+
+    def __init__(self, native: Any) -> None:
+        self._native, self.waits = native, 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "wait_collectives":
+            def wait() -> None:
+                self.waits += 1
+                self._native.wait_collectives()
+            return wait
+        return getattr(self._native, name)
+
+
+@pytest.mark.parametrize("backend,waits", [("gloo", 0), ("nccl", 2)])
+def test_zero_settles_its_collectives_when_torch_uses_nccl_too(monkeypatch: pytest.MonkeyPatch, backend: str, waits: int) -> None:
+    """Issue 30, M3: where torch's default group is NCCL, a script's collectives share the
+    GPU with zero's own NCCL communicator, so zero waits for its collectives in flight at
+    the end of each forward and backward (two per micro-step); with gloo it does not."""
+    engine = toy_engine(zero_optimization={"stage": 3, "overlap_comm": True})
+    one_step(engine)
+    rt = engine._runtime
+    rec = _Recording(rt.native)
+    rt.native = rec
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: backend)
+    one_step(engine)
+    rt.native = rec._native
+    assert rec.waits == waits, rec.waits

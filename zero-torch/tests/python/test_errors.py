@@ -250,3 +250,30 @@ def test_zero_settles_its_collectives_when_torch_uses_nccl_too(monkeypatch: pyte
     one_step(engine)
     rt.native = rec._native
     assert rec.waits == waits, rec.waits
+
+
+def test_a_crossing_keeps_cuda_memory_for_the_current_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30, M1, the part a CPU can check: a CUDA tensor a crossing touches is
+    ``record_stream``ed on torch's current stream (which waits for the engine's copies), so
+    the caching allocator cannot give its memory to another tensor before they ran, even
+    when another stream allocated it; a CPU tensor is left alone."""
+    from zero_torch import _hooks
+
+    current = object()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+
+    class FakeCuda:
+        is_cuda = True
+        device = "cuda:0"
+
+        def __init__(self) -> None:
+            self.recorded: list = []
+
+        def record_stream(self, stream: Any) -> None:
+            self.recorded.append(stream)
+
+    t = FakeCuda()
+    _hooks._used_on_current_stream(t)  # type: ignore[arg-type]
+    assert t.recorded == [current]
+    cpu = torch.ones(3)
+    _hooks._used_on_current_stream(cpu)  # a CPU tensor has no stream: nothing happens

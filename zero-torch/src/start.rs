@@ -228,6 +228,18 @@ pub fn cuda(
         None => zero_kernels::cuda::Gpu::open(Some(env.local_rank)),
     }
     .map_err(device_to_py)?;
+    // Two allocators share the GPU: when one of zero's allocations finds it full, torch's
+    // caching allocator gives back what it keeps unused, and the allocation is tried again.
+    zero_kernels::cuda::set_out_of_memory_hook(Some(std::sync::Arc::new(|| {
+        Python::attach(|py| {
+            let released = py
+                .import("torch.cuda")
+                .and_then(|cuda| cuda.call_method0("empty_cache"));
+            if let Err(e) = released {
+                eprintln!("zero: torch.cuda.empty_cache() failed: {e}");
+            }
+        })
+    })));
     let comm = py
         .detach(|| NcclComm::init(env, timeout))
         .map_err(comm_to_py)?;

@@ -2,7 +2,7 @@
 //! logical length that may be shorter than the allocation (so an empty buffer still owns
 //! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
 
-use super::gpu::{driver, GpuError};
+use super::gpu::GpuError;
 use super::readers::{Reader, StreamId, StreamReaders};
 use crate::{DType, Element};
 use half::{bf16, f16};
@@ -150,8 +150,9 @@ impl GpuBuffer {
         len: usize,
     ) -> Result<Self, GpuError> {
         let cap = len.max(1);
+        // Out of memory: the framework's cache is released and the allocation tried again.
         let data = with_gpu_type!(dtype, T => T::wrap(
-            stream.alloc_zeros::<T>(cap).map_err(driver("alloc"))?
+            super::out_of_memory::allocating("alloc", || stream.alloc_zeros::<T>(cap))?
         ));
         Ok(GpuBuffer {
             data,

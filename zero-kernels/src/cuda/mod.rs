@@ -11,6 +11,7 @@ mod foreign;
 mod gpu;
 pub mod kernel_cache;
 mod ops;
+mod out_of_memory;
 mod readers;
 mod staging;
 mod stream;
@@ -22,6 +23,7 @@ pub use device_choice::choose_device;
 pub use foreign::{ForeignSlice, ForeignStream};
 pub use gpu::{Gpu, GpuError};
 pub use ops::{AdamViews, GradScale};
+pub use out_of_memory::{set_out_of_memory_hook, OutOfMemoryHook};
 pub use stream::{Combine, GpuStream, MAX_REDUCE_BUFFERS};
 pub use toolchain::check_toolchain;
 

@@ -105,6 +105,25 @@ fn order_after(
     waiter.wait(&done)
 }
 
+/// A free a `GpuBuffer` queued: its dtype, elements, stream handle and thread name.
+type FreeSite = (DType, usize, usize, Option<String>);
+
+/// The last free a `GpuBuffer` queued: where a deferred driver error most likely came
+/// from, for its message.
+static LAST_FREE: std::sync::Mutex<Option<FreeSite>> = std::sync::Mutex::new(None);
+
+/// What [`GpuError::Deferred`] says of its origin: the last free queued before it.
+pub(crate) fn last_free() -> String {
+    match &*LAST_FREE.lock().unwrap_or_else(|p| p.into_inner()) {
+        Some((dtype, len, stream, thread)) => format!(
+            "the last free queued before it: a {dtype} buffer of {len} elements on stream \
+             {stream:#x}, thread {}",
+            thread.as_deref().unwrap_or("(unnamed)")
+        ),
+        None => "no buffer of zero's had been freed: an event record in a Drop".into(),
+    }
+}
+
 impl Drop for GpuBuffer {
     /// The allocation is freed on the stream it was made on, after the last read
     /// `cudarc`'s event holds: first make that stream wait for the reads it forgot.
@@ -114,6 +133,12 @@ impl Drop for GpuBuffer {
             GpuData::F16(s) => s.stream().clone(),
             GpuData::BF16(s) => s.stream().clone(),
         };
+        *LAST_FREE.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+            self.dtype(),
+            self.len,
+            owner.cu_stream() as usize,
+            std::thread::current().name().map(str::to_string),
+        ));
         for r in self.readers.forgotten_except(stream_id(&owner)) {
             if let Some(reader) = r.stream {
                 owner.context().record_err(order_after(&owner, &reader));

@@ -41,8 +41,8 @@ pub enum GpuError {
     #[error(
         "CUDA driver error {message} on GPU {device}, noticed before {noticed_in}: it was \
          deferred from an earlier free or event record in a Drop on some thread of this \
-         process (with ranks as threads, possibly another rank's), not caused by this call; \
-         the GPU context may be unusable (docs/LAUNCHING.md, \"Troubleshooting\")"
+         process (with ranks as threads, possibly another rank's), not caused by this call \
+         ({origin}); the GPU context may be unusable (docs/LAUNCHING.md, \"Troubleshooting\")"
     )]
     Deferred {
         /// The device ordinal.
@@ -51,6 +51,9 @@ pub enum GpuError {
         noticed_in: &'static str,
         /// The driver's message.
         message: String,
+        /// Where it was most likely queued: the last buffer free queued before it was
+        /// noticed (cudarc keeps the error without its origin).
+        origin: String,
     },
     /// A kernel did not compile.
     #[error(transparent)]

@@ -135,6 +135,7 @@ impl GpuStream {
                 device: self.gpu.ordinal,
                 noticed_in,
                 message: format!("{e:?}"),
+                origin: super::buffer::last_free(),
             })
     }
 
@@ -165,6 +166,9 @@ impl GpuStream {
 
     /// `len` zeros of `dtype`.
     pub fn zeros(&self, dtype: DType, len: usize) -> Result<GpuBuffer, GpuError> {
+        // cudarc's allocation returns an error kept from an earlier Drop as its own: report
+        // it as what it is first.
+        self.deferred_errors("an allocation")?;
         GpuBuffer::zeros(&self.stream, dtype, len)
     }
 

@@ -34,7 +34,7 @@ fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
 /// A buffer of `dtype` holding `vals` rounded to it.
 fn buffer(dtype: DType, vals: &[f32]) -> zero_comm::HostBuffer {
     let mut b = HostDevice.zeros(dtype, vals.len()).expect("buffer");
-    HostDevice.add_f32(&mut b, 0, vals).expect("fill");
+    HostDevice.upload_f32(&mut b, 0, vals).expect("fill");
     b
 }
 

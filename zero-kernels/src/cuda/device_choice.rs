@@ -18,10 +18,7 @@ pub fn choose_device(
     visible: usize,
     cuda_visible_devices: Option<&str>,
 ) -> Result<usize, String> {
-    let shown = match cuda_visible_devices {
-        Some(v) => format!("CUDA_VISIBLE_DEVICES={v:?}"),
-        None => "CUDA_VISIBLE_DEVICES is not set".to_string(),
-    };
+    let shown = shown(cuda_visible_devices);
     match (visible, local_rank) {
         (0, _) => Err(format!(
             "the CUDA driver shows no GPU ({shown}); check the GPUs given to this process"
@@ -36,9 +33,43 @@ pub fn choose_device(
     }
 }
 
+/// Device `ordinal`, chosen by a framework, checked against the `visible` GPUs.
+pub fn check_ordinal(
+    ordinal: usize,
+    visible: usize,
+    cuda_visible_devices: Option<&str>,
+) -> Result<usize, String> {
+    if ordinal < visible {
+        Ok(ordinal)
+    } else {
+        Err(format!(
+            "GPU {ordinal} was asked for, but {visible} GPUs are visible ({})",
+            shown(cuda_visible_devices)
+        ))
+    }
+}
+
+/// `CUDA_VISIBLE_DEVICES` as the errors name it.
+fn shown(cuda_visible_devices: Option<&str>) -> String {
+    match cuda_visible_devices {
+        Some(v) => format!("CUDA_VISIBLE_DEVICES={v:?}"),
+        None => "CUDA_VISIBLE_DEVICES is not set".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::choose_device;
+    use super::{check_ordinal, choose_device};
+
+    #[test]
+    fn a_frameworks_ordinal_must_be_visible() {
+        assert_eq!(check_ordinal(2, 4, None), Ok(2));
+        let e = check_ordinal(1, 1, Some("3")).unwrap_err();
+        assert!(
+            e.contains("GPU 1") && e.contains("1 GPUs") && e.contains("CUDA_VISIBLE_DEVICES=\"3\""),
+            "{e}"
+        );
+    }
 
     #[test]
     fn one_visible_gpu_is_used_whatever_the_local_rank() {

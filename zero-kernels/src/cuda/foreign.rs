@@ -100,8 +100,10 @@ impl GpuStream {
         owner: &ForeignStream,
         queue: impl FnOnce(&Self) -> Result<R, GpuError>,
     ) -> Result<R, GpuError> {
-        let cell = self.crossing_events.clone();
-        let mut events = cell.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = self
+            .crossing_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let make = || {
             self.cuda()
                 .context()

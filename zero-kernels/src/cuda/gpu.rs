@@ -137,14 +137,10 @@ impl Gpu {
     pub fn open_ordinal(ordinal: usize) -> Result<&'static Gpu, GpuError> {
         zero_sys::driver::library()?;
         let count = CudaContext::device_count().map_err(driver("device_count"))?;
-        if ordinal >= count.max(0) as usize {
-            let visible = std::env::var("CUDA_VISIBLE_DEVICES")
-                .map(|v| format!("CUDA_VISIBLE_DEVICES={v:?}"))
-                .unwrap_or_else(|_| "CUDA_VISIBLE_DEVICES is not set".into());
-            return Err(opening_error(format!(
-                "GPU {ordinal} was asked for, but {count} GPUs are visible ({visible})"
-            )));
-        }
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let ordinal =
+            super::device_choice::check_ordinal(ordinal, count.max(0) as usize, visible.as_deref())
+                .map_err(opening_error)?;
         Self::open_at(ordinal, "the caller")
     }
 

@@ -72,6 +72,26 @@ mod tests {
         DriverError(cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY)
     }
 
+    /// An allocation that always fails with `error`, under `hook`: how many times it was
+    /// tried, and the error's text.
+    fn always_failing(
+        error: cudaError_enum,
+        hook: Option<&(dyn Fn() + Send + Sync)>,
+    ) -> (usize, String) {
+        let mut calls = 0;
+        let e = retry_with::<()>(
+            "alloc",
+            || {
+                calls += 1;
+                Err(DriverError(error))
+            },
+            hook,
+        )
+        .unwrap_err()
+        .to_string();
+        (calls, e)
+    }
+
     #[test]
     fn an_allocation_out_of_memory_is_tried_again_after_the_hook() {
         let released = AtomicUsize::new(0);
@@ -95,17 +115,7 @@ mod tests {
         assert_eq!(got.ok(), Some(7));
         assert_eq!((calls, released.load(Ordering::Relaxed)), (2, 1));
         // Still full after the hook: one retry only, and the error says the hook ran.
-        let mut calls = 0;
-        let e = retry_with::<()>(
-            "alloc",
-            || {
-                calls += 1;
-                Err(oom())
-            },
-            Some(&hook),
-        )
-        .unwrap_err()
-        .to_string();
+        let (calls, e) = always_failing(cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY, Some(&hook));
         assert_eq!(calls, 2);
         assert!(
             e.contains("OUT_OF_MEMORY") && e.contains("cache was released"),
@@ -115,29 +125,12 @@ mod tests {
 
     #[test]
     fn other_errors_and_no_hook_are_not_retried() {
-        let mut calls = 0;
-        let e = retry_with::<()>(
-            "alloc",
-            || {
-                calls += 1;
-                Err(DriverError(cudaError_enum::CUDA_ERROR_INVALID_VALUE))
-            },
+        let (calls, e) = always_failing(
+            cudaError_enum::CUDA_ERROR_INVALID_VALUE,
             Some(&|| panic!("the hook is for out-of-memory only")),
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("INVALID_VALUE") && calls == 1, "{e}");
-        let mut calls = 0;
-        let e = retry_with::<()>(
-            "alloc",
-            || {
-                calls += 1;
-                Err(oom())
-            },
-            None,
-        )
-        .unwrap_err()
-        .to_string();
+        let (calls, e) = always_failing(cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY, None);
         assert!(e.contains("OUT_OF_MEMORY") && calls == 1, "{e}");
     }
 }

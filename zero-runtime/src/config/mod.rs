@@ -65,6 +65,17 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// The training dtype as DeepSpeed's configs name it: `fp32`, `fp16` or `bf16`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16(_) => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
 /// `data_types.grad_accum_dtype`: what the gradients of a window's micro-steps are summed
 /// in, before the optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -486,11 +497,7 @@ impl ZeroConfig {
         let scheduler = scheduler(&top)?;
         let precision = precision(&top)?;
         if let Some(t) = top.str("communication_data_type")? {
-            let training = match precision {
-                Precision::Fp32 => "fp32",
-                Precision::Fp16(_) => "fp16",
-                Precision::Bf16 => "bf16",
-            };
+            let training = precision.name();
             if t != training {
                 return Err(ConfigError::Unsupported {
                     key: "communication_data_type".into(),
@@ -537,11 +544,7 @@ fn grad_accum_dtype(top: &Obj, precision: Precision) -> Result<GradAccumDtype, C
             ("keep_in_fp32_modules", json!("auto")),
         ],
     )?;
-    let training = match precision {
-        Precision::Fp32 => "fp32",
-        Precision::Fp16(_) => "fp16",
-        Precision::Bf16 => "bf16",
-    };
+    let training = precision.name();
     let parse = |key: &str| -> Result<Option<&'static str>, ConfigError> {
         let Some(v) = o.str(key)? else {
             return Ok(None);

@@ -229,11 +229,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         )?;
         let accumulate = cfg.gradient_accumulation_steps > 1;
         let accum_dtype = Self::accum_dtype(&cfg, dtype);
-        // Whole-bucket gradients (stages 0–1) summed in their own dtype are their own
-        // accumulator.
-        let in_place = accumulate && accum_dtype == dtype && !policy.shards_gradients();
-        // ... and stages 2–3 summing in the gradients' dtype add into the shard.
-        let in_shard = accumulate && accum_dtype == dtype && policy.shards_gradients();
+        // Gradients summed in their own dtype need no accumulator: whole-bucket ones
+        // (stages 0–1) sum in place, stages 2–3 in the shard.
+        let own_dtype = Self::sums_in_own_dtype(&cfg, dtype);
         let offloaded = cfg.zero.offload_optimizer.device != crate::config::OffloadDevice::None;
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
@@ -263,7 +261,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .shards_gradients()
                     .then(|| dev.zeros(dtype, part))
                     .transpose()?,
-                accum: (accumulate && !in_place && !in_shard)
+                accum: (accumulate && !own_dtype)
                     .then(|| {
                         let len = if policy.shards_gradients() {
                             part
@@ -548,18 +546,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// micro-steps' sum when a micro-step starts: a trainer adds its gradients in, never
     /// copies over them.
     pub fn grads_accumulate_in_place(&self) -> bool {
-        self.cfg.gradient_accumulation_steps > 1
-            && Self::accum_dtype(&self.cfg, self.dtype) == self.dtype
-            && !self.policy.shards_gradients()
+        Self::sums_in_own_dtype(&self.cfg, self.dtype) && !self.policy.shards_gradients()
     }
 
     /// Whether stages 2–3 sum a window's reduced gradients in the shard itself (in the
     /// gradients' dtype: the first reduction of the window writes it, the later ones are
     /// added, as DeepSpeed's stage 3 sums into its partition buffer).
     fn sums_in_shard(&self) -> bool {
-        self.cfg.gradient_accumulation_steps > 1
-            && Self::accum_dtype(&self.cfg, self.dtype) == self.dtype
-            && self.policy.shards_gradients()
+        Self::sums_in_own_dtype(&self.cfg, self.dtype) && self.policy.shards_gradients()
+    }
+
+    /// Whether a window of several micro-steps is summed in the gradients' own dtype.
+    fn sums_in_own_dtype(cfg: &ZeroConfig, dtype: DType) -> bool {
+        cfg.gradient_accumulation_steps > 1 && Self::accum_dtype(cfg, dtype) == dtype
     }
 
     /// The dtype a window's micro-steps' gradients are summed in

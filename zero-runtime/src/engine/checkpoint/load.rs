@@ -11,7 +11,6 @@
 
 use super::super::offload::{Offload, Staging};
 use super::super::Engine;
-use super::save::precision_name;
 use super::Piece;
 use crate::checkpoint::format::ParamEntry;
 use crate::checkpoint::resolve::CheckpointDir as Dir;
@@ -308,8 +307,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             offload,
             resume: Resume {
                 steps: m.steps,
-                scaler: (m.precision == precision_name(&self.cfg.precision))
-                    .then_some(m.loss_scaler),
+                scaler: (m.precision == self.cfg.precision.name()).then_some(m.loss_scaler),
                 lr_last_batch_iteration: Some(m.lr_last_batch_iteration),
                 client_state: m.client_state,
             },

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::io::{WrittenFile, DEFAULT_BUFFER};
 use crate::EngineError;
 use std::path::Path;
-use zero_comm::{Communicator, Completion, HostBuffer, HostVec};
+use zero_comm::{Communicator, Completion};
 use zero_kernels::DType;
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
@@ -183,8 +183,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 vals[at..at + x.len()].copy_from_slice(x);
                 Ok(())
             })?;
-            let host = HostBuffer::F32(HostVec::new(vals));
-            self.dev.copy_from_host(&host, 0..held, &mut part, 0)?;
+            self.dev.upload_f32(&mut part, 0, &vals)?;
         } else {
             let (buf, at) = self.held_array(b, 0)?;
             self.dev

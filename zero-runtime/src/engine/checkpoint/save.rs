@@ -21,7 +21,7 @@ use crate::checkpoint::format::{
     Manifest, ParamEntry, RankIndex, Steps, TensorSpec, FORMAT, FORMAT_VERSION, LATEST, MANIFEST,
 };
 use crate::checkpoint::CheckpointError;
-use crate::config::{Precision, TagValidation};
+use crate::config::TagValidation;
 use crate::device::Device;
 use crate::io::{write_file, FileWriter, IoError, WrittenFile, CHUNK, DEFAULT_BUFFER};
 use crate::plan::ParamLoc;
@@ -69,15 +69,6 @@ fn new_save_id() -> String {
         .unwrap_or(0);
     let h = crc32c::crc32c(format!("{t}-{}", std::process::id()).as_bytes());
     format!("{:x}{h:08x}", t % 1_000_000_000)
-}
-
-/// The precision's name in the manifest.
-pub(super) fn precision_name(p: &Precision) -> &'static str {
-    match p {
-        Precision::Fp32 => "fp32",
-        Precision::Fp16(_) => "fp16",
-        Precision::Bf16 => "bf16",
-    }
 }
 
 /// A piece's elements as `f32` bytes, streamed from `buf` (`start` = where the buffer
@@ -417,7 +408,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             tag: tag.into(),
             stage: self.policy.stage,
             world_size: self.world,
-            precision: precision_name(&self.cfg.precision).into(),
+            precision: self.cfg.precision.name().into(),
             dtype: dtype_name(self.dtype).into(),
             master_dtype: "F32".into(),
             steps: Steps {

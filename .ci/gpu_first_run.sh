@@ -63,9 +63,9 @@ rust_tests() {
       --device "$d" --steps 30 2>&1 | tail -5
   done
 }
-torch_tests() { # torch_tests LABEL [VAR=VALUE]
+torch_tests() { # torch_tests LABEL PYTEST-ARGS... (-rP: the tests' printed measurements too)
   cd "$ROOT/zero-torch/tests/python" || return
-  env "${@:2}" timeout $((A - 10)) $PY -m pytest -n 4 -v -rs -p no:cacheprovider --durations=10 test_cuda.py 2>&1
+  timeout $((A - 10)) $PY -m pytest -v -rs -rP -p no:cacheprovider --durations=10 "${@:2}" test_cuda.py 2>&1
   echo "== pytest $1 exit $?"
 }
 sanitize() { # sanitize "TOOL BINARY"...: each in turn while phase A has time
@@ -83,25 +83,35 @@ sanitize() { # sanitize "TOOL BINARY"...: each in turn while phase A has time
 say "phase A (at most $A s)"
 pids=()
 (rust_tests >"$OUT/rust.log" 2>&1) & pids+=($!)
-(torch_tests default >"$OUT/pytest.log" 2>&1) & pids+=($!)
-(torch_tests blocking CUDA_LAUNCH_BLOCKING=1 >"$OUT/pytest_blocking.log" 2>&1) & pids+=($!)
+(torch_tests default -n 4 >"$OUT/pytest.log" 2>&1) & pids+=($!)
+(export CUDA_LAUNCH_BLOCKING=1; torch_tests blocking -n 2 -k "agree or side_stream or all_reduce" \
+  >"$OUT/pytest_blocking.log" 2>&1) & pids+=($!)
 (sanitize "memcheck kernels_gpu" "memcheck engine_gpu" "memcheck checkpoint_gpu" "memcheck offload_gpu" \
   >"$OUT/sanitizer_memcheck.log" 2>&1) & pids+=($!)
-(sanitize "racecheck kernels_gpu" "synccheck kernels_gpu" "initcheck kernels_gpu" \
-  "synccheck engine_gpu" "initcheck engine_gpu" "racecheck engine_gpu" >"$OUT/sanitizer_other.log" 2>&1) & pids+=($!)
+(sanitize "racecheck engine_gpu" "racecheck kernels_gpu" "synccheck kernels_gpu" "initcheck kernels_gpu" \
+  "synccheck engine_gpu" "initcheck engine_gpu" >"$OUT/sanitizer_other.log" 2>&1) & pids+=($!)
 wait "${pids[@]}"
 say "phase A done"
 grep -h '^== .*exit\|^test result\|SKIPPED\|passed\|failed\|ERROR SUMMARY\|final loss' \
   "$OUT"/rust.log "$OUT"/pytest*.log "$OUT"/sanitizer*.log >>"$OUT/summary.txt" 2>/dev/null
 
+TB=$(date +%s)
 say "phase B (at most $B s)"
-{
-  export ZERO_BENCH_GPU_SIZES=16,256,1024
-  cd "$W" && timeout $((B * 5 / 9)) "$BIN/bench_gpu" --bench 2>&1 | grep -v '^$\|^Benchmarking'
+{ # GPU_SIZES, GPU_BENCH_FILTER (a criterion regex; empty: all), TORCH_BASELINE=0 and
+  # OFFLOAD_BENCH=0 trim it; zero_torch's GPU bench (GPT-2 124M, bf16) runs last.
+  export ZERO_BENCH_GPU_SIZES=${GPU_SIZES:-16,256,1024}
+  cd "$W" && timeout $((B * 4 / 9)) "$BIN/bench_gpu" --bench ${GPU_BENCH_FILTER:-} 2>&1 | grep -v '^$\|^Benchmarking'
   echo "== bench_gpu exit $?"
-  cd "$ROOT" && timeout $((B * 2 / 9)) $PY benches/torch_baseline.py --sizes 16,256,1024 2>&1
-  echo "== torch_baseline exit $?"
-  cd "$W" && ZERO_BENCH_GPU_OFFLOAD_SIZES=16,256 timeout $((B * 2 / 9)) "$BIN/bench_gpu_offload" --bench 2>&1
-  echo "== bench_gpu_offload exit $?"
+  if [ "${TORCH_BASELINE:-1}" != 0 ]; then
+    cd "$ROOT" && timeout $((B * 2 / 9)) $PY benches/torch_baseline.py --sizes "$ZERO_BENCH_GPU_SIZES" 2>&1
+    echo "== torch_baseline exit $?"
+  fi
+  if [ "${OFFLOAD_BENCH:-1}" != 0 ]; then
+    cd "$W" && ZERO_BENCH_GPU_OFFLOAD_SIZES=16,256 timeout $((B * 2 / 9)) "$BIN/bench_gpu_offload" --bench 2>&1
+    echo "== bench_gpu_offload exit $?"
+  fi
+  cd "$ROOT" && left_b=$((B - $(date +%s) + TB)); [ $left_b -gt 30 ] || left_b=30
+  timeout $left_b $PY zero-torch/benches/bench_zero_torch.py --only gpu 2>&1
+  echo "== bench_zero_torch gpu exit $?"
 } >"$OUT/bench.log" 2>&1
 say "all done"

@@ -3,7 +3,8 @@
 //! - `gpu_copy`: f32 copy, 8 bytes per element moved.
 //! - `gpu_adam_bf16`: fused Adam, bf16 grads → fp32 state → bf16 params, 28 bytes each.
 //! - `gpu_flatten_bf16` / `gpu_unflatten_bf16`: 4 large tensors, and about 2,000 small
-//!   ones, 4 bytes per element (2 read, 2 written).
+//!   ones, 4 bytes per element (2 read, 2 written); `gpu_flatten_bf16_*_host` the same
+//!   calls without the wait for the stream: the host's part of each call alone.
 //!
 //! Sizes: `ZERO_BENCH_GPU_SIZES` (element counts in millions, comma-separated; default
 //! 16,256). Without a GPU it prints a visible skip and measures nothing.
@@ -133,6 +134,32 @@ fn gpu_benches(c: &mut Criterion) {
                     )
                     .expect("flatten");
                     st.synchronize().expect("sync");
+                })
+            });
+            g.finish();
+            // The host's part alone: the calls queued, the wait for the stream left out
+            // of the time (docs/GPU_FIRST_RUN.md, the per-call cost).
+            let mut g = c.benchmark_group(format!("gpu_flatten_bf16_{kind}_host"));
+            g.bench_function(&label, |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    for _ in 0..iters {
+                        let views: Vec<_> = tensors
+                            .iter()
+                            .zip(&sizes)
+                            .map(|(t, &k)| t.view::<bf16>(0..k).expect("view"))
+                            .collect();
+                        let total = layout.total_len();
+                        st.flatten_views(
+                            &layout,
+                            &views,
+                            &mut flat.view_mut::<bf16>(0..total).expect("view"),
+                        )
+                        .expect("flatten");
+                    }
+                    let host = start.elapsed();
+                    st.synchronize().expect("sync");
+                    host
                 })
             });
             g.finish();

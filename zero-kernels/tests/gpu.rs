@@ -161,6 +161,70 @@ fn flatten_matches_the_cpu() {
     );
 }
 
+/// Flattens queued back to back on one stream, never synchronized between them: more
+/// calls than the stream's table slots, tables and padding gaps growing and shrinking, so
+/// the device tables and the padding zeros kept from call to call are reused, grown and
+/// replaced while earlier launches may still read them. Each result is the CPU's.
+#[test]
+fn back_to_back_flattens_reuse_their_tables_safely() {
+    let Some(g) = gpu_or_skip("back-to-back flattens") else {
+        return;
+    };
+    let mut rng = seeded("gpu back-to-back flattens");
+    let st = g.new_stream().unwrap();
+    let mut runs = Vec::new();
+    // (tensors, world): the world size sets the tail's padding, the longest gap.
+    for (count, world) in [
+        (3, 1),
+        (2500, 2),
+        (5, 64),
+        (1, 1),
+        (700, 512),
+        (40, 3),
+        (2, 1),
+        (1200, 8),
+    ] {
+        let sizes: Vec<usize> = (0..count).map(|_| rng.gen_range(0..400)).collect();
+        let layout = FlatLayout::with_default_alignment(&sizes, bf16::DTYPE, world).unwrap();
+        let tensors: Vec<Vec<f32>> = sizes
+            .iter()
+            .map(|&n| random_vec(&mut rng, n, -100.0, 100.0))
+            .collect();
+        let dev: Vec<_> = tensors
+            .iter()
+            .map(|t| st.upload::<f32>(t).unwrap())
+            .collect();
+        let mut flat = st
+            .upload::<bf16>(&vec![poison::<bf16>(); layout.total_len()])
+            .unwrap();
+        let views: Vec<_> = dev
+            .iter()
+            .zip(&sizes)
+            .map(|(t, &n)| t.view::<f32>(0..n).unwrap())
+            .collect();
+        let total = layout.total_len();
+        st.flatten_views(
+            &layout,
+            &views,
+            &mut flat.view_mut::<bf16>(0..total).unwrap(),
+        )
+        .unwrap();
+        drop(views);
+        runs.push((layout, tensors, dev, flat));
+    }
+    for (i, (layout, tensors, _, flat)) in runs.iter().enumerate() {
+        let srcs: Vec<&[f32]> = tensors.iter().map(|t| &t[..]).collect();
+        let mut cpu = vec![poison::<bf16>(); layout.total_len()];
+        flatten(layout, &srcs, &mut cpu).unwrap();
+        let got = st.download::<bf16>(flat, 0..layout.total_len()).unwrap();
+        assert!(
+            bits(&cpu) == bits(&got),
+            "flatten {i} of {} tensors, queued after {i} others, differs from the CPU",
+            tensors.len()
+        );
+    }
+}
+
 #[test]
 fn unflatten_matches_the_cpu() {
     let Some(g) = gpu_or_skip("unflatten") else {

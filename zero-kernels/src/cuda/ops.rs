@@ -148,7 +148,7 @@ impl GpuStream {
         let entries = table.len() as i32;
         let f = self.function("flatten.cu", &format!("copy_{}_{}", S::SUFFIX, D::SUFFIX))?;
         let mut launch = self.cuda().launch_builder(&f);
-        launch.arg(&d_table).arg(&entries);
+        launch.arg(&*d_table).arg(&entries);
         // SAFETY: copy_S_D(const CopyEntry* table, int entries): each entry's source is a
         // live range of `len` S (tensor or zeros), its destination a live range of
         // `len` D, kept alive and guarded by the caller until the launch is queued; the
@@ -183,35 +183,35 @@ impl GpuStream {
         }
         gaps.push(pos..layout.total_len());
         let longest = gaps.iter().map(|g| g.len()).max().unwrap_or(0);
-        let zeros = st
-            .alloc_zeros::<S>(longest.max(1))
-            .map_err(driver("alloc"))?;
-        let (zero_ptr, zero_guard) = zeros.device_ptr(st);
         let size = std::mem::size_of::<D>() as u64;
-        let (base, flat_guard) = flat.device_ptr_mut(st);
-        let mut guards = vec![zero_guard, flat_guard];
-        let mut table: Vec<CopyEntry> = Vec::new();
-        let mut total = 0u64;
-        let mut push = |src: u64, start: usize, len: usize, table: &mut Vec<CopyEntry>| {
-            if len > 0 {
-                table.push([src, base + start as u64 * size, len as u64, total]);
-                total += (len as u64).div_ceil(FLATTEN_CHUNK);
+        let zero_bytes = longest.max(1) * std::mem::size_of::<S>();
+        self.padding.with(st, zero_bytes, |zeros| {
+            let (zero_ptr, zero_guard) = zeros.device_ptr(st);
+            let (base, flat_guard) = flat.device_ptr_mut(st);
+            let mut guards = vec![zero_guard, flat_guard];
+            let mut table: Vec<CopyEntry> = Vec::new();
+            let mut total = 0u64;
+            let mut push = |src: u64, start: usize, len: usize, table: &mut Vec<CopyEntry>| {
+                if len > 0 {
+                    table.push([src, base + start as u64 * size, len as u64, total]);
+                    total += (len as u64).div_ceil(FLATTEN_CHUNK);
+                }
+            };
+            for (i, src) in srcs.iter().enumerate() {
+                let (gap, r) = (&gaps[i], layout.tensor_range(i));
+                push(zero_ptr, gap.start, gap.len(), &mut table);
+                if !src.is_empty() {
+                    let (ptr, g) = src.device_ptr(st);
+                    guards.push(g);
+                    push(ptr, r.start, r.len(), &mut table);
+                }
             }
-        };
-        for (i, src) in srcs.iter().enumerate() {
-            let (gap, r) = (&gaps[i], layout.tensor_range(i));
-            push(zero_ptr, gap.start, gap.len(), &mut table);
-            if !src.is_empty() {
-                let (ptr, g) = src.device_ptr(st);
-                guards.push(g);
-                push(ptr, r.start, r.len(), &mut table);
-            }
-        }
-        let tail = &gaps[srcs.len()];
-        push(zero_ptr, tail.start, tail.len(), &mut table);
-        self.launch_copy_table::<S, D>(&table, total)?;
-        drop(guards);
-        Ok(())
+            let tail = &gaps[srcs.len()];
+            push(zero_ptr, tail.start, tail.len(), &mut table);
+            self.launch_copy_table::<S, D>(&table, total)?;
+            drop(guards);
+            Ok(())
+        })
     }
 
     /// [`crate::unflatten`] on the device: every tensor in one launch; padding is not read.

@@ -30,20 +30,29 @@ pub(crate) struct TableStaging {
 #[derive(Debug, Default)]
 struct Ring {
     slots: Vec<PinnedBuffer<u64>>,
+    /// Each slot's device table, kept from call to call (grown when a longer table comes,
+    /// replaced while a caller still holds it): a stream-ordered allocation per launch
+    /// costs a mapping of fresh memory after every synchronize, since the pool's release
+    /// threshold is 0 (measured on an H200: docs/BENCHMARKS.md, flatten's per-call cost).
+    device: Vec<Arc<CudaSlice<u64>>>,
     next: usize,
 }
 
 impl TableStaging {
-    /// A device copy of `table` (exactly its length), queued on `stream`.
+    /// A device copy of `table` in its first `table.len()` elements (the slice may be
+    /// longer), queued on `stream`: the slot's device table is written again only after
+    /// this stream ran every launch queued before (same stream), so the kernel that reads
+    /// it has finished.
     pub(crate) fn upload(
         &self,
         stream: &Arc<CudaStream>,
         table: &[u64],
-    ) -> Result<CudaSlice<u64>, GpuError> {
-        let mut ring = self.ring.lock().map_err(|_| GpuError::Driver {
+    ) -> Result<Arc<CudaSlice<u64>>, GpuError> {
+        let mut guard = self.ring.lock().map_err(|_| GpuError::Driver {
             context: "table staging",
             message: "a thread panicked while staging a table".into(),
         })?;
+        let ring = &mut *guard;
         let i = ring.next % SLOTS;
         ring.next = ring.next.wrapping_add(1);
         let need = table.len().max(MIN_SLOT).next_power_of_two();
@@ -56,14 +65,65 @@ impl TableStaging {
                 ring.slots.push(slot);
             }
         }
-        let mut dev = stream
-            .alloc_zeros::<u64>(table.len().max(1))
-            .map_err(driver("alloc"))?;
+        let reusable = ring
+            .device
+            .get_mut(i)
+            .and_then(Arc::get_mut)
+            .is_some_and(|d| d.len() >= need);
+        if !reusable {
+            // A table still held by a caller, or too short: a new one (the old one is
+            // freed in stream order once its holder drops it).
+            let fresh = Arc::new(stream.alloc_zeros::<u64>(need).map_err(driver("alloc"))?);
+            if i < ring.device.len() {
+                ring.device[i] = fresh;
+            } else {
+                ring.device.push(fresh);
+            }
+        }
+        let dev = ring
+            .device
+            .get_mut(i)
+            .and_then(Arc::get_mut)
+            .ok_or(GpuError::Driver {
+                context: "table staging",
+                message: "a new device table is already shared".into(),
+            })?;
         let mut exact = dev.slice_mut(0..table.len());
         // Waits for this slot's previous copy before overwriting it; returns before this
         // copy runs.
         ring.slots[i].send(stream, table, &mut exact)?;
-        Ok(dev)
+        Ok(Arc::clone(&ring.device[i]))
+    }
+}
+
+/// A buffer of zero bytes per stream, the source of flatten's padding: kept and grown as
+/// the longest gap asks (never written after its first fill, so every launch on the
+/// stream may read it), instead of a zeroed allocation per call.
+#[derive(Debug, Default)]
+pub(crate) struct ZeroBytes {
+    buf: Mutex<Option<CudaSlice<u8>>>,
+}
+
+impl ZeroBytes {
+    /// Runs `f` with at least `bytes` zero bytes on `stream`'s device (the lock held).
+    pub(crate) fn with<R>(
+        &self,
+        stream: &Arc<CudaStream>,
+        bytes: usize,
+        f: impl FnOnce(&CudaSlice<u8>) -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        let mut guard = self.buf.lock().map_err(|_| GpuError::Driver {
+            context: "padding zeros",
+            message: "a thread panicked while using the padding zeros".into(),
+        })?;
+        let need = bytes.max(512).next_power_of_two();
+        let zeros = match guard.take() {
+            Some(z) if z.len() >= need => z,
+            // The old buffer is freed in stream order, after the launches that read it.
+            _ => stream.alloc_zeros::<u8>(need).map_err(driver("alloc"))?,
+        };
+        let zeros = guard.insert(zeros);
+        f(zeros)
     }
 }
 

@@ -14,7 +14,7 @@
 use super::buffer::{GpuBuffer, GpuElement};
 use super::copies::{copy_dtoh, copy_htod};
 use super::gpu::{driver, Gpu, GpuError};
-use super::staging::{TableStaging, TransferStaging};
+use super::staging::{TableStaging, TransferStaging, ZeroBytes};
 use crate::{with_gpu_type, DType, GradStats, KernelError};
 use std::ops::Range;
 use std::sync::Arc;
@@ -48,6 +48,7 @@ pub struct GpuStream {
     gpu: &'static Gpu,
     stream: Arc<CudaStream>,
     tables: Arc<TableStaging>,
+    pub(crate) padding: Arc<ZeroBytes>,
     transfers: Arc<TransferStaging>,
     /// The two events a crossing with a foreign stream records (created on the first one,
     /// then re-recorded: an event per tensor per step would be created otherwise).
@@ -87,17 +88,19 @@ impl GpuStream {
             gpu,
             stream,
             tables: Arc::default(),
+            padding: Arc::default(),
             transfers: Arc::default(),
             crossing_events: Arc::default(),
         }
     }
 
-    /// A device copy of a kernel's `u64` table, staged through pinned memory (queued; the
-    /// host side stays alive until the copy ran).
+    /// A device copy of a kernel's `u64` table in the first `table.len()` elements of a
+    /// slice kept per stream, staged through pinned memory (queued; the host side stays
+    /// alive until the copy ran).
     pub(crate) fn upload_table(
         &self,
         table: &[u64],
-    ) -> Result<zero_sys::cudarc::driver::CudaSlice<u64>, GpuError> {
+    ) -> Result<Arc<zero_sys::cudarc::driver::CudaSlice<u64>>, GpuError> {
         self.tables.upload(&self.stream, table)
     }
 

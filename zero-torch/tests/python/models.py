@@ -41,8 +41,21 @@ def gpt2(seed: int = 0) -> torch.nn.Module:
     return GPT2LMHeadModel(build_config("gpt2")).float()
 
 
+def wide_llama(seed: int = 0) -> torch.nn.Module:
+    """A Llama of 126M parameters (the test vocabulary): large enough that the engine's
+    device memory stands out from NCCL's and the kernels' fixed costs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg).float()
+
+
 def build(name: str, seed: int = 0) -> torch.nn.Module:
-    return {"llama": llama, "gpt2": gpt2}[name](seed)
+    return {"llama": llama, "gpt2": gpt2, "wide_llama": wide_llama}[name](seed)
 
 
 def batches(steps: int, batch: int, seed: int = 1) -> List[torch.Tensor]:

@@ -13,6 +13,10 @@ one gives, and the choice of device, are tested everywhere.
 - A forward, backward and step on a side stream (not torch's default one) give the bits
   of the default stream: a missing event in either direction would read a gradient before
   it is written or hand torch a parameter before it is copied.
+- Four micro-steps per step sum as the host engine sums them, in bf16 or in fp32
+  (``data_types.grad_accum_dtype``), at every stage.
+- A script's own ``all_reduce`` on torch's NCCL group beside stage 3's ``overlap_comm``
+  neither hangs nor changes the bits.
 """
 
 from __future__ import annotations
@@ -161,3 +165,52 @@ def test_the_accelerator_is_chosen_as_deepspeed_chooses_it(monkeypatch: pytest.M
         mixed.head.cuda()
         with pytest.raises(zero_torch.UnsupportedError, match="several devices"):
             choose_device(mixed, 0)
+
+
+@needs_gpu
+def test_accumulation_on_the_gpu_sums_as_the_host_engine_does() -> None:
+    """bf16, four micro-steps per step, at world size 1 (measured on the host engine too):
+    - summed in bf16 (DeepSpeed's default), stages 0-1 add the 16-bit gradients in place
+      and stages 2-3 in the gradient shard (``CudaDevice::accumulate``): the same sums, so
+      stages 0-3 give the same bits;
+    - summed in fp32 (``grad_accum_dtype: "fp32"``), stages 0-1 round the window's sum to
+      bf16 for their reduction (as DeepSpeed's bf16 optimizer reduces its 16-bit
+      gradients) and stages 2-3 keep it in fp32: 0 equals 1, 2 equals 3;
+    - the two sums end apart (four terms round differently), so none of it is a sum of
+      unused gradients."""
+    def run(stage: int, accum: str):
+        return one_rank("cuda_train", model="llama", stage=stage, dtype="bf16", steps=4, global_batch=8, gas=4,
+                        extra={"data_types": {"grad_accum_dtype": accum}})
+
+    def same(a, b, what: str) -> None:
+        for n, t in a["params"].items():
+            assert torch.equal(b["params"][n], t), f"{what}: {n} differs"
+        assert a["losses"] == b["losses"], what
+
+    bf16 = [run(s, "bf16") for s in range(4)]
+    for s in (1, 2, 3):
+        same(bf16[0], bf16[s], f"summed in bf16, stage {s} against stage 0")
+    fp32 = [run(s, "fp32") for s in range(4)]
+    same(fp32[0], fp32[1], "summed in fp32, stage 1 against stage 0")
+    same(fp32[2], fp32[3], "summed in fp32, stage 3 against stage 2")
+    apart = [max(difference(n, f["params"][n], t).max().item() for n, t in b["params"].items())
+             for f, b in ((fp32[0], bf16[0]), (fp32[2], bf16[2]), (fp32[2], fp32[0]))]
+    print(f"cuda bf16 gas 4: fp32 sums against bf16 sums {apart[0]:.3g} (stage 0), {apart[1]:.3g} (stage 2); "
+          f"fp32 sums, stage 2 against 0: {apart[2]:.3g}")
+    assert min(apart) > 0, apart
+
+
+@needs_gpu
+def test_a_scripts_all_reduce_beside_overlap_comm() -> None:
+    """Stage 3 with ``overlap_comm``: a script's ``all_reduce`` of each loss on torch's
+    NCCL group between backward and step (DeepSpeed scripts log losses so) neither hangs
+    nor changes the training (issue 30, M3: zero waits for its own collectives first)."""
+    extra = {"zero_optimization": {"overlap_comm": True}}
+    base = one_rank("cuda_train", model="gpt2", stage=3, dtype="bf16", steps=5, global_batch=BATCH, gas=2, extra=extra)
+    mixed = one_rank("cuda_train", model="gpt2", stage=3, dtype="bf16", steps=5, global_batch=BATCH, gas=2, extra=extra,
+                     script_all_reduce=True)
+    assert mixed["backend"] == "nccl", mixed["backend"]
+    assert len(mixed["reduced"]) == 10
+    for n, t in base["params"].items():
+        assert torch.equal(mixed["params"][n], t), f"{n} differs with the script's all_reduce"
+    assert mixed["losses"] == base["losses"]

@@ -82,30 +82,47 @@ def train_one(model: str, stage: int, dtype: str, gas: int, steps: int, global_b
     return {"losses": losses, "params": gathered(engine), "snapshot": snapshot, "memory": engine.memory_report()}
 
 
-def cuda_train(model: str, stage: int, dtype: str, steps: int, global_batch: int, lr: float = 1e-2, side_stream: bool = False) -> Dict[str, Any]:
+def cuda_train(model: str, stage: int, dtype: str, steps: int, global_batch: int, lr: float = 1e-2, side_stream: bool = False,
+               gas: int = 1, extra: Dict[str, Any] = None, script_all_reduce: bool = False) -> Dict[str, Any]:
     """``train_one`` with the model on the GPU (``cuda:0``, NCCL at world size 1) and
     deterministic torch kernels; with ``side_stream`` every forward, backward and step runs
     on a stream other than torch's default one (the engine's copies must order themselves
-    with whichever stream is current). Returns the losses, the parameters (on the CPU) and
-    what stage 3 leaves in torch's CUDA storage at rest."""
+    with whichever stream is current); with ``script_all_reduce`` the script all-reduces
+    each loss on torch's NCCL group between backward and step, as DeepSpeed scripts log
+    losses (issue 30, M3). Returns the losses, the parameters (on the CPU), what stage 3
+    leaves in torch's CUDA storage at rest, the memory report, and the losses the script
+    all-reduced."""
+    import torch.distributed as dist
+
     import zero_torch
 
     torch.use_deterministic_algorithms(True)
     m = models.build(model).cuda()
-    engine, _, _, _ = zero_torch.initialize(model=m, config=config(stage, dtype, 1, global_batch, lr=lr))
+    engine, _, _, _ = zero_torch.initialize(model=m, config=config(stage, dtype, gas, global_batch, lr=lr, extra=extra))
     assert engine.device == torch.device("cuda", 0), engine.device
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     losses: List[float] = []
+    reduced: List[float] = []
     with torch.cuda.stream(stream):
         for ids in models.batches(steps, global_batch, 1):
-            loss = models.loss_of(engine, ids.to(engine.device))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+            ids = ids.to(engine.device)
+            total_loss = 0.0
+            for k in range(gas):
+                loss = models.loss_of(engine, models.micro(ids, k, gas))
+                engine.backward(loss)
+                if script_all_reduce:
+                    logged = loss.detach().clone()
+                    dist.all_reduce(logged)
+                    reduced.append(logged.item())
+                engine.step()
+                total_loss += loss.item()
+            losses.append(total_loss / gas)
+        memory = engine.memory_report()
         held = sharded_bytes(engine)
         params = {n: t.cpu() for n, t in gathered(engine).items()}
     torch.cuda.synchronize()
-    return {"losses": losses, "params": params, "held_at_rest": held, "memory": engine.memory_report()}
+    return {"losses": losses, "params": params, "held_at_rest": held, "memory": memory, "reduced": reduced,
+            "backend": dist.get_backend()}
 
 
 def torch_cuda_adamw(model: str, steps: int, global_batch: int, lr: float = 1e-2) -> Dict[str, Any]:

@@ -51,6 +51,11 @@ impl Device for CudaDevice {
         b.len()
     }
 
+    fn allocator_used(&self) -> Option<usize> {
+        let used = self.stream.gpu().pool_used_bytes().ok()?;
+        usize::try_from(used).ok()
+    }
+
     fn dtype(&self, b: &GpuBuffer) -> DType {
         b.dtype()
     }

@@ -69,6 +69,12 @@ pub trait Device: Send {
     fn zeros(&self, dtype: DType, len: usize) -> Result<Self::Buffer, EngineError>;
     /// Element count.
     fn len(&self, b: &Self::Buffer) -> usize;
+    /// Bytes the device's allocator counts in use by this process, where it counts them
+    /// (CUDA: the default memory pool every zero buffer draws from); `None` on the host,
+    /// or where the figure cannot be read. What the memory report is checked against.
+    fn allocator_used(&self) -> Option<usize> {
+        None
+    }
     /// Element type.
     fn dtype(&self, b: &Self::Buffer) -> DType;
     /// Changes the length, zero-filling new elements (keeps the allocation when shrinking).

@@ -188,3 +188,39 @@ pub fn borrow_stream(
     // work with the owner's through events (zero-kernels' `ForeignStream`).
     Ok(unsafe { ctx.wrap_borrowed_stream(stream) })
 }
+
+/// Bytes in use in `device`'s default memory pool: the pool `cuMemAllocAsync` draws from,
+/// and so every buffer zero allocates (cudarc allocates in stream order wherever the
+/// device supports memory pools). Counts the whole process's users of that pool: zero's
+/// buffers, and PyTorch's only under its `cudaMallocAsync` allocator backend. Open the
+/// driver with [`library`] first.
+pub fn default_pool_used(device: cudarc::driver::sys::CUdevice) -> Result<u64, String> {
+    use cudarc::driver::sys;
+    library().map_err(|e| e.to_string())?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: cuDeviceGetDefaultMemPool(CUmemoryPool*, CUdevice) writes one handle to the
+    // live local; the device handle came from the driver.
+    let rc = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) };
+    if rc != sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(format!(
+            "reading device {device}'s default memory pool: {rc:?}"
+        ));
+    }
+    let mut used: u64 = 0;
+    // SAFETY: CU_MEMPOOL_ATTR_USED_MEM_CURRENT writes one cuuint64_t to `value`, here a
+    // live u64; the pool handle is the device's default pool, which lives as long as the
+    // device's context.
+    let rc = unsafe {
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+            (&mut used as *mut u64).cast(),
+        )
+    };
+    if rc != sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(format!(
+            "reading the bytes in use in device {device}'s default memory pool: {rc:?}"
+        ));
+    }
+    Ok(used)
+}

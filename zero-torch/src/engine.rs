@@ -620,6 +620,8 @@ impl NativeEngine {
         d.set_item("formula", r.formula)?;
         d.set_item("numel", r.numel)?;
         d.set_item("padded_numel", r.padded_numel)?;
+        d.set_item("device_total", r.device_total())?;
+        d.set_item("allocator_used", r.allocator_used.unwrap_or(0))?;
         Ok(d)
     }
 

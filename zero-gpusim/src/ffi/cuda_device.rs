@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::time::Duration;
 
-fn device(name: &str, dev: c_int) -> Result<usize, CuResult> {
+pub(crate) fn device(name: &str, dev: c_int) -> Result<usize, CuResult> {
     let n = config().visible.len();
     if dev < 0 || dev as usize >= n {
         return Err(no(

@@ -10,7 +10,7 @@ use crate::driver::state::{ctx_handle, registry};
 use crate::driver::stream::{wait_for, Stream};
 use crate::driver::work::{DevRange, HostDst, HostSrc, Work};
 use cudarc::driver::sys::cudaError_enum as E;
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -610,5 +610,68 @@ unsafe extern "C" fn cuPointerGetAttribute(
                 )),
             }
         }
+    })
+}
+
+/// Device `d`'s default memory pool is the handle `POOL_BASE + d`: the stand-in has one
+/// pool per device, the one `cuMemAllocAsync` draws from, and answers two of its
+/// attributes.
+const POOL_BASE: u64 = 0x9001_0000;
+
+#[no_mangle]
+unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) -> CuResult {
+    entry("cuDeviceGetDefaultMemPool", || {
+        let dev = super::cuda_device::device("cuDeviceGetDefaultMemPool", dev)?;
+        // SAFETY: the caller passes a writable CUmemoryPool.
+        unsafe {
+            put(
+                "cuDeviceGetDefaultMemPool",
+                pool,
+                (POOL_BASE + dev as u64) as *mut c_void,
+            )
+        }
+    })
+}
+
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` and `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: the
+/// bytes of the device's live stream-ordered allocations (the stand-in's pool keeps
+/// nothing freed, as a real one with release threshold 0 after a synchronize). Other
+/// attributes are not supported.
+#[no_mangle]
+unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: *mut c_void,
+    attr: c_uint,
+    value: *mut c_void,
+) -> CuResult {
+    use cudarc::driver::sys::CUmemPool_attribute as A;
+    entry("cuMemPoolGetAttribute", || {
+        let name = "cuMemPoolGetAttribute";
+        let dev = (pool as u64)
+            .checked_sub(POOL_BASE)
+            .filter(|d| (*d as usize) < config().visible.len())
+            .ok_or_else(|| {
+                no(
+                    E::CUDA_ERROR_INVALID_HANDLE,
+                    name,
+                    "not a default memory pool",
+                )
+            })?;
+        if attr != A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_uint
+            && attr != A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_uint
+        {
+            return Err(no(
+                E::CUDA_ERROR_NOT_SUPPORTED,
+                name,
+                format!("attribute {attr} (only the current used and reserved bytes)"),
+            ));
+        }
+        let used: u64 = memory()
+            .live(dev as usize)
+            .iter()
+            .filter(|a| a.origin.starts_with("cuMemAllocAsync"))
+            .map(|a| a.size)
+            .sum();
+        // SAFETY: both attributes write one cuuint64_t to the caller's `value`.
+        unsafe { put(name, value.cast::<u64>(), used) }
     })
 }

@@ -231,6 +231,21 @@ impl Gpu {
         Ok(GpuStream::new(self, s))
     }
 
+    /// Bytes in use in this device's default memory pool, which every buffer zero
+    /// allocates draws from (`zero_sys::driver::default_pool_used`: the process's users
+    /// of the pool together), read after the device ran the work queued so far, so frees
+    /// queued on any stream have landed. What the engine's memory report is checked
+    /// against.
+    pub fn pool_used_bytes(&self) -> Result<u64, GpuError> {
+        self.ctx.synchronize().map_err(driver("synchronize"))?;
+        zero_sys::driver::default_pool_used(self.ctx.cu_device()).map_err(|message| {
+            GpuError::Driver {
+                context: "memory pool",
+                message,
+            }
+        })
+    }
+
     /// The device's name, for reports.
     pub fn name(&self) -> String {
         self.ctx

@@ -85,6 +85,11 @@ pub struct MemoryReport {
     pub host: TierBytes,
     /// NVMe taken by offloading (swap files).
     pub nvme: TierBytes,
+    /// What the device's allocator counts in use by the process (CUDA: the default memory
+    /// pool's used bytes, every zero buffer of every engine in the process; `None` on the
+    /// host). With one engine it should match [`device_total`](Self::device_total): the
+    /// report's check.
+    pub allocator_used: Option<usize>,
 }
 
 impl MemoryReport {
@@ -92,6 +97,12 @@ impl MemoryReport {
     /// counts.
     pub fn model_states(&self) -> usize {
         self.params + self.grads + self.master + self.exp_avg + self.exp_avg_sq
+    }
+
+    /// Every category held on the device: model states, accumulation buffers, gradient
+    /// staging, gathered buckets and frozen parameters.
+    pub fn device_total(&self) -> usize {
+        self.model_states() + self.grad_accum + self.buckets + self.gathered + self.frozen
     }
 
     /// Model states in every tier: device, host and NVMe (equal to the formula when
@@ -238,6 +249,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.peak_gathered = self.peak_gathered * p;
         r.frozen = size(&self.frozen);
         r.comm = self.comm.held_bytes();
+        r.allocator_used = self.dev.allocator_used();
         if let Some(off) = &self.offload {
             off.report(&mut r.host, &mut r.nvme);
         }

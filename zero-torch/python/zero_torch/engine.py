@@ -380,7 +380,11 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         allocators hold device memory, zero's (every engine category above) and torch's
         caching allocator: ``torch_cuda_allocated`` and ``torch_cuda_reserved`` are
         torch's own figures for this device (activations and the script's tensors
-        included, so not in ``total``; 0 on the CPU)."""
+        included, so not in ``total``; 0 on the CPU). ``device_total`` sums the engine's
+        device categories, and ``allocator_used`` is what the CUDA driver counts in use in
+        the device's default memory pool, which every zero buffer draws from (read after
+        the device's queued work ran; 0 on the CPU): with one engine in the process the
+        two agree, which ``test_cuda.py`` checks."""
         r = dict(self._native.memory_report())
         r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
         on_gpu = self.device.type == "cuda"

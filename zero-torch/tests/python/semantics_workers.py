@@ -201,6 +201,42 @@ def run_grid(lib: str, grid: List[Dict[str, Any]], steps: int = 4) -> Dict[str, 
     return out
 
 
+def stage0_bf16_first_step(lib: str) -> Dict[str, Any]:
+    """One bf16 AdamW step at stage 0 (world size 1) through ``lib``, and two references
+    computed here with ``torch.optim.AdamW`` on fp32 copies of the bf16 parameters, the
+    bf16 gradients widened, the result rounded to bf16: ``plain`` steps once; ``warm``
+    first steps once with zero gradients, as DeepSpeed's ``FP16_UnfusedOptimizer`` does
+    when it is built (``initialize_optimizer_states``), so Adam's step count starts at 1
+    and decoupled weight decay is applied once more."""
+    mod = library(lib)
+    if lib == "deepspeed":
+        mod.init_distributed(dist_backend="gloo")
+    ((x, y),) = data(1, 4)
+    x, y = x.bfloat16(), y.bfloat16()
+    adamw = {"lr": 0.01, "weight_decay": 0.1}
+    entry = {"stage": 0, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {**adamw, "torch_adam": True}}}
+    model = Net(seed=0)
+    engine, _, _, _ = mod.initialize(model=model, config=grid_config(entry, 0, 4), model_parameters=model.parameters())
+    engine.backward(engine(x, y))
+    engine.step()
+    out: Dict[str, Any] = {"params": whole(mod, engine)}
+    ref = Net(seed=0).bfloat16()
+    ref(x, y).backward()
+    named = list(ref.named_parameters())
+    for warm in (False, True):
+        masters = [p.detach().float().clone() for _, p in named]
+        opt = torch.optim.AdamW(masters, **adamw)
+        if warm:
+            for m in masters:
+                m.grad = torch.zeros_like(m)
+            opt.step()
+        for m, (_, p) in zip(masters, named):
+            m.grad = p.grad.float()
+        opt.step()
+        out["warm" if warm else "plain"] = {n: m.bfloat16().float() for (n, _), m in zip(named, masters)}
+    return out
+
+
 def ds_checkpoint_then(lib: str, stage: int, dtype: str, save_dir: str, steps: int = 3) -> Dict[str, Any]:
     """DeepSpeed (``lib == "deepspeed"``) trains ``steps`` steps, saves a checkpoint into
     ``save_dir`` (client state included) and trains ``steps`` more; zero_torch

@@ -9,6 +9,7 @@ Run as ``workers.main`` tasks (``semantics_workers.run_cases``), one process per
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -216,10 +217,12 @@ def stage0_bf16_first_step(lib: str) -> Dict[str, Any]:
     adamw = {"lr": 0.01, "weight_decay": 0.1}
     entry = {"stage": 0, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {**adamw, "torch_adam": True}}}
     model = Net(seed=0)
-    engine, _, _, _ = mod.initialize(model=model, config=grid_config(entry, 0, 4), model_parameters=model.parameters())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine, _, _, _ = mod.initialize(model=model, config=grid_config(entry, 0, 4), model_parameters=model.parameters())
     engine.backward(engine(x, y))
     engine.step()
-    out: Dict[str, Any] = {"params": whole(mod, engine)}
+    out: Dict[str, Any] = {"params": whole(mod, engine), "warned": [str(w.message) for w in caught if "stage 0" in str(w.message)]}
     ref = Net(seed=0).bfloat16()
     ref(x, y).backward()
     named = list(ref.named_parameters())

@@ -208,6 +208,7 @@ def test_deepspeeds_stage_0_bf16_steps_its_optimizer_once_when_built(job: Any) -
     print(f"stage 0 bf16, one step: DeepSpeed = AdamW after a zero-gradient step (to the bit); zero within "
           f"{near_plain:.3g} of plain AdamW and {from_warm:.3g} from the warm-step replay")
     assert from_warm > 2 * near_plain
+    assert any("FP16_UnfusedOptimizer" in w for w in zero["warned"]), "zero does not say its stage-0 bf16 numbers differ"
 
 
 # ---- DeepSpeed's checkpoints ---------------------------------------------------------------

@@ -179,6 +179,15 @@ class DeepSpeedEngineAPI:
             drop_last=self.dataloader_drop_last(),
         )
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """DeepSpeed's ``engine.compile()`` (``torch.compile`` of the engine, DeepCompile):
+        not part of zero. Refused by name rather than left to ``torch.nn.Module.compile``,
+        which would trace zero's hooks and buffers as if they were the model's."""
+        raise UnsupportedError(
+            "engine.compile() (DeepSpeed's compiled engine and DeepCompile) is not provided by zero: "
+            "the engine runs the model as torch runs it, eagerly"
+        )
+
     def offload_states(
         self,
         include: Any = None,

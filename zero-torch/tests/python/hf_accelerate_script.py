@@ -2,7 +2,8 @@
 ``accumulate``, ``backward``, ``step``) as its users write it, run by
 ``test_hf_trainer.py`` under ``torchrun --nproc-per-node 2`` on CPU: on zero
 (``ZT_COMPAT=1``, the one added import line) or on DeepSpeed 0.19.8 (``ZT_COMPAT=0``).
-Rank 0 writes every micro-step's loss as JSON to ``ZT_RESULT``.
+Rank 0 writes every micro-step's loss, and the module of the engine ``prepare`` made, as
+JSON to ``ZT_RESULT``.
 
 Variables: ``ZT_STAGE``, ``ZT_MODEL_DIR``, ``ZT_RESULT``."""
 
@@ -24,7 +25,10 @@ config = {
     "gradient_clipping": 0.5,
     "zero_optimization": {"stage": int(os.environ["ZT_STAGE"])},
 }
-accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), gradient_accumulation_steps=2)
+# Not cpu=True: accelerate then ignores the DeepSpeed plugin and wraps the model in DDP
+# (its state chooses DeepSpeed only without it); the device is the CPU all the same on a
+# machine without a GPU.
+accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config), gradient_accumulation_steps=2)
 model = AutoModelForCausalLM.from_pretrained(os.environ["ZT_MODEL_DIR"])
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 data = [torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i)) for i in range(24)]
@@ -40,4 +44,4 @@ for ids in loader:
     losses.append(loss.item())
 if accelerator.is_main_process:
     with open(os.environ["ZT_RESULT"], "w") as f:
-        json.dump({"losses": losses}, f)
+        json.dump({"losses": losses, "engine": type(model).__module__}, f)

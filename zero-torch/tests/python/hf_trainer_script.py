@@ -80,4 +80,4 @@ if trainer.is_world_process_zero():
     with open(os.environ["ZT_RESULT"], "w") as f:
         json.dump({"losses": [e["loss"] for e in logs], "steps": [e["step"] for e in logs],
                    "grad_norms": [e["grad_norm"] for e in logs], "eval_loss": evaluated["eval_loss"],
-                   "global_step": trainer.state.global_step}, f)
+                   "global_step": trainer.state.global_step, "engine": type(trainer.model_wrapped).__module__}, f)

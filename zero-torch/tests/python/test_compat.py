@@ -254,6 +254,8 @@ def test_names_zero_lacks_raise_errors_that_name_them() -> None:
             from deepspeed.moe.layer import MoE
         def import_sparse():
             import deepspeed.ops.sparse_attention
+        def from_ulysses():
+            from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
         def from_many_names():
             from deepspeed.comm import (get_rank, get_world_size, barrier, all_reduce, broadcast, all_gather,
                 reduce, gather, scatter, send, recv, isend, irecv, new_group, is_initialized, is_available,
@@ -275,6 +277,8 @@ def test_names_zero_lacks_raise_errors_that_name_them() -> None:
             "in_method": probe(Holder().method),
             "in_exec": probe(lambda: exec("from deepspeed.ops import no_such_op", namespace)),
             "init_inference": probe(lambda: deepspeed.init_inference(None)),
+            "ulysses_from": probe(from_ulysses),
+            "autotp_attr": probe(lambda: deepspeed.tp_model_init(None, 2, None)),
             "dunder": probe(lambda: deepspeed.__wrapped__),
             "hasattr_foo": hasattr(deepspeed, "foo"),
             "getattr_default": getattr(deepspeed, "foo", 7),
@@ -309,6 +313,10 @@ def test_names_zero_lacks_raise_errors_that_name_them() -> None:
     assert "Mixture-of-Experts" in r["moe_layer_from"]["message"]
     assert r["sparse_import"]["raised"] == "NotProvidedModuleError"
     assert "removed from DeepSpeed itself" in r["sparse_import"]["message"]
+    assert r["ulysses_from"]["raised"] == "NotProvidedModuleError", r["ulysses_from"]
+    assert "Ulysses" in r["ulysses_from"]["message"]
+    assert r["autotp_attr"]["raised"] == "NotProvidedAttributeError", r["autotp_attr"]
+    assert "AutoTP" in r["autotp_attr"]["message"] and "`deepspeed.tp_model_init`" in r["autotp_attr"]["message"]
     assert r["init_inference"]["raised"] == "NotProvidedAttributeError"
     assert "inference engine" in r["init_inference"]["message"]
     assert r["dunder"]["raised"] == "AttributeError"

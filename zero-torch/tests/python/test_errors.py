@@ -96,6 +96,15 @@ def test_unsupported_arguments_are_named(kwargs: Dict[str, Any], named: str) -> 
         zero_torch.initialize(model=models.Toy(), config=workers.toy_config(1, 1, 4), **kwargs)
 
 
+def test_engine_compile_is_refused_by_name() -> None:
+    """DeepSpeed's ``engine.compile()`` is not ``torch.nn.Module.compile`` run over zero's
+    hooks: it is refused, naming it."""
+    engine, _, _, _ = zero_torch.initialize(model=models.Toy(), config=workers.toy_config(1, 1, 4))
+    with pytest.raises(zero_torch.UnsupportedError, match=r"engine\.compile\(\)"):
+        engine.compile()
+    engine.destroy()
+
+
 def test_untested_optimizer_needs_deepspeeds_flag_and_non_elementwise_ones_are_refused() -> None:
     model = models.Toy()
     cfg = workers.toy_config(1, 1, 4)

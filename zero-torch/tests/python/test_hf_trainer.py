@@ -16,7 +16,9 @@ engine exists, as transformers loads under ZeRO-3).
   process group exists, HF_TRAINER.md §6c), so its stage 2 is the reference for both:
   the stages compute the same function.
 - A plain ``Accelerator`` loop (``prepare``, ``accumulate``, ``backward``, ``step``) at
-  stages 2 and 3 logs DeepSpeed's losses (``hf_accelerate_script.py``).
+  stages 2 and 3 logs DeepSpeed's losses (``hf_accelerate_script.py``); so does the same
+  script, without the added line, under ``accelerate launch --use_deepspeed`` with
+  ``ZERO_AS_DEEPSPEED=1`` and the wheel's ``.pth``.
 - ``save_model`` writes a folder plain transformers loads, giving the engine's logits on a
   fixed batch; a resume from ``checkpoint-2`` in new processes ends with the same saved
   model, byte for byte, as the uninterrupted run.
@@ -110,6 +112,7 @@ def test_the_trainer_on_zero_logs_deepspeeds_losses(request: pytest.FixtureReque
     folder = request.getfixturevalue(f"{model}_dir" if model == "llama" else "model_dir")
     want = reference(folder, root, case)
     got = torchrun(folder, tmp_path_factory.mktemp(f"zero-{stage}-{model}-{case}"), stage, case, compat=True)
+    assert want["engine"].startswith("deepspeed") and got["engine"].startswith("zero_torch"), (want["engine"], got["engine"])
     assert got["steps"] == want["steps"] and got["global_step"] == want["global_step"], (got, want)
     for step, a, b in zip(got["steps"], got["losses"], want["losses"]):
         assert close(a, b), f"stage {stage} case {case} step {step}: loss {a} on zero, {b} on DeepSpeed"
@@ -146,9 +149,78 @@ def test_save_model_is_read_by_transformers_and_a_resume_ends_the_same(model_dir
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_plain_accelerate_loop_on_zero_gives_deepspeeds_losses(model_dir: Path, tmp_path: Path, stage: int) -> None:
+    """DeepSpeed's stage 2 is the reference for both stages, as for the Trainer (its stage 3
+    cannot load with ``from_pretrained`` at 2 ranks on CPU). Each run says which engine
+    ``prepare`` made: with ``cpu=True`` accelerate wraps the model in DDP and never
+    reaches either (this test compared two DDP runs until 2026-11-27)."""
     script = HERE / "hf_accelerate_script.py"
-    want = torchrun(model_dir, tmp_path / "deepspeed", stage, "-", compat=False, script=script)["losses"]
-    got = torchrun(model_dir, tmp_path / "zero", stage, "-", compat=True, script=script)["losses"]
-    assert len(got) == len(want) == 6, (got, want)
+    want_run = reference_run(model_dir, tmp_path, script)
+    got_run = torchrun(model_dir, tmp_path / "zero", stage, "-", compat=True, script=script)
+    assert got_run["engine"].startswith("zero_torch"), f"accelerate prepared {got_run['engine']}, not zero's engine"
+    got, want = got_run["losses"], want_run["losses"]
+    assert len(got) == len(want) > 0, (got, want)
     for i, (a, b) in enumerate(zip(got, want)):
         assert close(a, b), f"stage {stage} micro-step {i}: loss {a} on zero, {b} on DeepSpeed"
+
+
+def reference_run(model_dir: Path, tmp_path: Path, script: Path) -> Dict[str, Any]:
+    """DeepSpeed's stage-2 run of the plain accelerate loop, checked to be DeepSpeed's."""
+    run = torchrun(model_dir, tmp_path / "deepspeed", 2, "-", compat=False, script=script)
+    assert run["engine"].startswith("deepspeed"), f"accelerate prepared {run['engine']}, not DeepSpeed's engine"
+    return run
+
+
+def accelerate_launch(model_dir: Path, out: Path, as_deepspeed: bool, user: Path) -> Dict[str, Any]:
+    """``accelerate launch --use_deepspeed --zero_stage 2`` of the plain loop on 2
+    processes, with the user site ``user`` (holding the wheel's .pth) and
+    ``ZERO_AS_DEEPSPEED=1`` or not; rank 0's JSON result."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update({"ZT_STAGE": "2", "ZT_COMPAT": "0", "ZT_MODEL_DIR": str(model_dir), "ZT_RESULT": str(out / "result.json"),
+                "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUSERBASE": str(user),
+                "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
+    env.pop("ZERO_AS_DEEPSPEED", None)
+    if as_deepspeed:
+        env["ZERO_AS_DEEPSPEED"] = "1"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
+           "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
+           str(HERE / "hf_accelerate_script.py")]
+    try:
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"accelerate launch did not finish in 300 s:\n{(e.output or b'').decode(errors='replace')[-3000:]}")
+    log = done.stdout.decode(errors="replace")
+    assert done.returncode == 0 and (out / "result.json").exists(), log[-5000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def test_accelerate_launch_use_deepspeed_trains_on_zero_with_the_variable(model_dir: Path, tmp_path: Path) -> None:
+    """``ZERO_AS_DEEPSPEED=1 accelerate launch --use_deepspeed script.py``, the script
+    without the added line: the wheel's ``zero_torch_as_deepspeed.pth`` (installed beside
+    the package; here put on a user site folder, which Python reads as it reads
+    site-packages) imports the compat module as each process starts, the launcher process
+    too, which looks for DeepSpeed before the script runs. The workers' engine is zero's,
+    with the losses of the same launch on DeepSpeed 0.19.8 (the variable unset: the .pth
+    does nothing)."""
+    import zero_torch
+
+    pth = Path(zero_torch.__file__).parent.parent / "zero_torch_as_deepspeed.pth"
+    assert pth.is_file(), f"the wheel ships {pth.name} beside the package: not found at {pth}"
+    user = tmp_path / "user"
+    site = user / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    shutil.copy(pth, site / pth.name)
+    env = {k: v for k, v in os.environ.items() if k != "ZERO_AS_DEEPSPEED"}
+    env.update({"PYTHONUSERBASE": str(user), "PYTHONPATH": os.pathsep.join(sys.path)})
+    probe = [sys.executable, "-c", "import sys; print('zero_torch.deepspeed_compat' in sys.modules)"]
+    inert = subprocess.run(probe, env=env, stdout=subprocess.PIPE, timeout=120).stdout.decode().strip()
+    assert inert == "False", "the .pth imported zero without ZERO_AS_DEEPSPEED=1"
+    on = subprocess.run(probe, env={**env, "ZERO_AS_DEEPSPEED": "1"}, stdout=subprocess.PIPE, timeout=120).stdout.decode().strip()
+    assert on == "True", "the .pth did not import the compat module with ZERO_AS_DEEPSPEED=1"
+    got = accelerate_launch(model_dir, tmp_path / "zero", True, user)
+    assert got["engine"].startswith("zero_torch"), f"accelerate launch trained on {got['engine']}, not zero"
+    want = accelerate_launch(model_dir, tmp_path / "deepspeed", False, user)
+    assert want["engine"].startswith("deepspeed"), f"without the variable: {want['engine']}"
+    assert len(got["losses"]) == len(want["losses"]) > 0, (got, want)
+    for i, (a, b) in enumerate(zip(got["losses"], want["losses"])):
+        assert close(a, b), f"micro-step {i}: loss {a} under accelerate launch on zero, {b} on DeepSpeed"

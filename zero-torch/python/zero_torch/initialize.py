@@ -185,18 +185,22 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def _warn_stage0_bf16(cfg: Dict[str, Any], resolved: Dict[str, Any]) -> None:
-    """Says, on rank 0, where a DeepSpeed 0.19.8 script gets other numbers on zero: bf16 at
-    stage 0 with gradients summed in bf16, where DeepSpeed's ``FP16_UnfusedOptimizer``
-    steps the optimizer once with zero gradients when it is built and zero does not
-    (zero-torch README, "Differences")."""
+    """Says, on rank 0, where a DeepSpeed 0.19.8 script gets other numbers on zero: 16-bit
+    training at stage 0 (bf16 with gradients summed in bf16, or fp16), where DeepSpeed's
+    ``FP16_UnfusedOptimizer``/``FP16_Optimizer`` step the optimizer once with zero
+    gradients when they are built and zero does not (zero-torch README, "Differences";
+    measured for bf16, read in DeepSpeed's code for fp16)."""
     accum = (cfg.get("data_types") or {}).get("grad_accum_dtype")
-    if resolved["stage"] != 0 or resolved["dtype"] != "bfloat16" or accum not in (None, "bf16", "bfloat16"):
+    sixteen = resolved["dtype"] == "float16" or (
+        resolved["dtype"] == "bfloat16" and accum in (None, "bf16", "bfloat16")
+    )
+    if resolved["stage"] != 0 or not sixteen:
         return
     if _native.launch_info()[0] == 0:
         warnings.warn(
-            "bf16 at ZeRO stage 0: DeepSpeed 0.19.8 steps its optimizer once with zero gradients when it "
-            "builds this path (FP16_UnfusedOptimizer), so its Adam starts at step 1 and applies weight decay "
-            "once more; zero steps Adam as DeepSpeed's stages 1-3 do, so the numbers differ from DeepSpeed's "
-            "stage 0 from the first step (zero-torch README, Differences)",
+            f"{resolved['dtype']} at ZeRO stage 0: DeepSpeed 0.19.8 steps its optimizer once with zero gradients "
+            "when it builds this path (FP16_UnfusedOptimizer / FP16_Optimizer), so its Adam starts at step 1 and "
+            "applies weight decay once more; zero steps Adam as DeepSpeed's stages 1-3 do, so the numbers differ "
+            "from DeepSpeed's stage 0 from the first step (zero-torch README, Differences)",
             stacklevel=3,
         )

@@ -10,7 +10,10 @@ use zero_sys::python::HostTensor;
 
 /// The element type of a tensor: float32, float16 or bfloat16.
 pub fn dtype_of(t: &Bound<'_, PyAny>) -> PyResult<DType> {
-    let name: String = t.getattr("dtype")?.str()?.extract()?;
+    let name: String = t
+        .getattr(pyo3::intern!(t.py(), "dtype"))?
+        .str()?
+        .extract()?;
     match name.as_str() {
         "torch.float32" => Ok(DType::F32),
         "torch.float16" => Ok(DType::F16),

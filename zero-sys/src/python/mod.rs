@@ -13,28 +13,39 @@
 pub mod dlpack;
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 
 /// `(data_ptr, nbytes, device index)` of a contiguous tensor on a device of type `want`
 /// (`"cpu"`, `"cuda"`): an error naming the problem otherwise.
 fn memory_of(tensor: &Bound<'_, PyAny>, want: &str) -> PyResult<(u64, usize, Option<usize>)> {
-    let device = tensor.getattr("device")?;
-    let kind: String = device.getattr("type")?.extract()?;
-    if kind != want {
-        return Err(PyValueError::new_err(format!(
-            "expected a {} tensor, got one on {kind}",
-            if want == "cpu" { "CPU" } else { "CUDA" }
-        )));
-    }
-    let index: Option<usize> = device.getattr("index")?.extract()?;
-    let contiguous: bool = tensor.call_method0("is_contiguous")?.extract()?;
+    let py = tensor.py();
+    // The CPU case is every gradient of every backward (issue 31): `is_cpu` is one
+    // attribute read where `device.type` makes a device object and a string.
+    let on_cpu = want == "cpu" && tensor.getattr(intern!(py, "is_cpu"))?.extract::<bool>()?;
+    let index = if on_cpu {
+        None
+    } else {
+        let device = tensor.getattr(intern!(py, "device"))?;
+        let kind: String = device.getattr(intern!(py, "type"))?.extract()?;
+        if kind != want {
+            return Err(PyValueError::new_err(format!(
+                "expected a {} tensor, got one on {kind}",
+                if want == "cpu" { "CPU" } else { "CUDA" }
+            )));
+        }
+        device.getattr(intern!(py, "index"))?.extract()?
+    };
+    let contiguous: bool = tensor
+        .call_method0(intern!(py, "is_contiguous"))?
+        .extract()?;
     if !contiguous {
         return Err(PyValueError::new_err(
             "expected a contiguous tensor (call .contiguous() first)",
         ));
     }
-    let addr: u64 = tensor.call_method0("data_ptr")?.extract()?;
-    let nbytes: usize = tensor.getattr("nbytes")?.extract()?;
+    let addr: u64 = tensor.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let nbytes: usize = tensor.getattr(intern!(py, "nbytes"))?.extract()?;
     if nbytes > 0 && addr == 0 {
         return Err(PyValueError::new_err(
             "the tensor has no storage (it was freed): gather it first",

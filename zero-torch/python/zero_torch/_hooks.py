@@ -145,6 +145,8 @@ class Runtime:
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""
+        self.on_cuda = device.type == "cuda"
+        """CUDA tensors cross (torch's current stream, ``record_stream``); else host ones."""
         self.views = device.type == "cpu"
         """Whether the parameters are views of the engine's buffers (the CPU: one copy),
         rather than torch's own storage filled by copies (a GPU)."""
@@ -178,6 +180,8 @@ class Runtime:
         expected gradients in this backward."""
         self.callback_queued = False
         self.handles: List[Any] = []
+        self.module_handles: List[Any] = []
+        """The per-module forward hooks (removed below stage 3 after the first backward)."""
         self.hooked: set = set()
         """Modules (by ``id``) with the per-module forward hooks."""
         self.pre_backward: Dict[int, Callable[[torch.Tensor], None]] = {}
@@ -190,6 +194,11 @@ class Runtime:
         """The saved-tensor hooks in force during a stage-3 forward (see ``_pack``)."""
         """Per dtype: the one empty tensor every released parameter holds."""
         self.param_count = sum(1 for _ in model.parameters())
+        self.modules_seen = {id(mod) for mod in model.modules()}
+        """The model's modules at initialize(): a parameter or submodule registered on one of
+        them afterwards (torch's global registration hooks) makes the next forward count the
+        parameters again, instead of every forward walking the whole model."""
+        self.structure_moved = False
         self.micro_steps_done = 0
         """Passes (backwards) this engine took, ever."""
         self.passes_since_step = 0
@@ -221,6 +230,9 @@ class Runtime:
 
     def install(self) -> None:
         m = self.model
+        registration = torch.nn.modules.module
+        self.handles.append(registration.register_module_parameter_registration_hook(self._registered))
+        self.handles.append(registration.register_module_module_registration_hook(self._registered))
         self.handles.append(m.register_forward_pre_hook(self._root_pre, prepend=True))
         self.handles.append(m.register_forward_hook(self._root_post))
         # The root's own forward may read parameters of modules it does not call.
@@ -235,12 +247,23 @@ class Runtime:
                 self.handles.append(info.param.register_post_accumulate_grad_hook(self._grad_hook))
 
     def hook_module(self, module: torch.nn.Module) -> None:
-        """Gives ``module`` the per-module forward hooks (once)."""
-        if id(module) in self.hooked:
+        """Gives ``module`` the per-module forward hooks (once; below stage 3 only until
+        the first backward has taught the engine what to expect)."""
+        if id(module) in self.hooked or (self.learned and not self.stage3):
             return
         self.hooked.add(id(module))
-        self.handles.append(module.register_forward_pre_hook(self._pre))
-        self.handles.append(module.register_forward_hook(self._post))
+        self.module_handles.append(module.register_forward_pre_hook(self._pre))
+        self.module_handles.append(module.register_forward_hook(self._post))
+
+    def _unhook_modules(self) -> None:
+        """Below stage 3 the per-module hooks only record the order of first use and the
+        first forward's uses; once the first backward has run they have nothing left to
+        do, and a module without hooks takes torch's fast call path (issue 31: about 4 µs
+        per module per forward)."""
+        for h in self.module_handles:
+            h.remove()
+        self.module_handles.clear()
+        self.stack.clear()
 
     def notice(self, p: torch.Tensor) -> None:
         """Stage 3: parameter ``p`` is read; inside a forward it becomes a use of the
@@ -434,17 +457,19 @@ class Runtime:
                 self._drop(u)
                 raise
         for p in sharded:
-            data = p.param.data
-            start = data.data_ptr()
-            self.live.setdefault(data.untyped_storage().data_ptr(), []).append(
-                (p, start, start + data.numel() * data.element_size()))
+            # The parameter itself, not `.data` (a new tensor object per read): stage 3
+            # fills and drops every unit twice a step (issue 31).
+            t = p.param
+            start = t.data_ptr()
+            self.live.setdefault(t.untyped_storage().data_ptr(), []).append(
+                (p, start, start + t.numel() * t.element_size()))
         self.filled[u.index] = True
 
     def _drop(self, u: Unit) -> None:
         """Stage 3: the unit's sharded parameters give their storage back."""
         for p in u.sharded:
             if p.param.numel() != 0:
-                key = p.param.data.untyped_storage().data_ptr()
+                key = p.param.untyped_storage().data_ptr()
                 entries = [e for e in self.live.get(key, []) if e[0] is not p]
                 if entries:
                     self.live[key] = entries
@@ -563,13 +588,9 @@ class Runtime:
         if self.error is not None:
             raise self.error
         self.sync_user_changes()
-        count = sum(1 for _ in self.model.parameters())
-        if count != self.param_count:
-            new = [n for n, p in self.model.named_parameters() if id(p) not in self.reg.by_id]
-            raise UnsupportedError(
-                f"the model has parameters it did not have at initialize(): {new}; "
-                "add parameters before calling zero_torch.initialize()"
-            )
+        if self.structure_moved:
+            self.structure_moved = False
+            self._check_no_new_parameters()
         if self.native is not None and not self.backward_ran:
             # The last forward had no backward: what it gathered is freed, and it does
             # not count as a pass.
@@ -583,6 +604,24 @@ class Runtime:
         if self.stage3 and self.native is not None and torch.is_grad_enabled():
             self.saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.saving.__enter__()
+
+    def _check_no_new_parameters(self) -> None:
+        """A parameter or submodule was registered on the model since initialize(): a
+        parameter the engine does not hold is an error naming it (a replaced one, the
+        same count, is taken by :meth:`sync_user_changes` as before)."""
+        count = sum(1 for _ in self.model.parameters())
+        if count != self.param_count:
+            new = [n for n, p in self.model.named_parameters() if id(p) not in self.reg.by_id]
+            raise UnsupportedError(
+                f"the model has parameters it did not have at initialize(): {new}; "
+                "add parameters before calling zero_torch.initialize()"
+            )
+
+    def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        """torch's global parameter and module registration hooks: a registration on one of
+        the model's modules makes the next forward check the parameters."""
+        if id(module) in self.modules_seen:
+            self.structure_moved = True
 
     def _root_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._stop_saving()
@@ -683,15 +722,17 @@ class Runtime:
             raise
 
     def _take_grad(self, param: torch.Tensor) -> None:
-        self._enter_backward()
+        # The per-parameter path of every backward (issue 31): lookups kept to one each.
+        if not (self.in_backward and self.callback_queued):
+            self._enter_backward()
         if not self.pass_is_mine:
             return  # another engine's backward: the gradient stays in .grad
-        info: Param = self.reg.by_id[id(param)]
-        u = self.reg.units[info.unit]
         grad = param.grad
         if grad is None:
             return
         pid = id(param)
+        info: Param = self.reg.by_id[pid]
+        u = self.reg.units[info.unit]
         n = self.arrivals.get(pid, 0)
         if self.ready.get(u.index):
             before = "the first backward" if self.learned else "its uses in the first forward predicted"
@@ -702,9 +743,10 @@ class Runtime:
             )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
-        _used_on_current_stream(grad)
+        if self.on_cuda:
+            _used_on_current_stream(grad)
         try:
-            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
+            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream() if self.on_cuda else 0)
         except BaseException as e:
             self.broken_grads[u.index] = f"adding {info.name}'s gradient failed: {type(e).__name__}: {e}"
             raise
@@ -753,6 +795,8 @@ class Runtime:
         try:
             if not self.learned:
                 self.learned = True
+                if not self.stage3:
+                    self._unhook_modules()
                 self.expected = {
                     id(p.param): self.arrivals.get(id(p.param), 0)
                     for u in self.order
@@ -783,9 +827,10 @@ class Runtime:
             self.callback_queued = False
 
     def remove(self) -> None:
-        for h in self.handles:
+        for h in self.handles + self.module_handles:
             h.remove()
         self.handles.clear()
+        self.module_handles.clear()
         self.hooked.clear()
         _access.remove(list(self.model.modules()))
 

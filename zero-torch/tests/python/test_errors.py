@@ -77,6 +77,17 @@ def test_parameter_added_after_initialize() -> None:
         one_step(engine)
 
 
+def test_parameter_registered_on_an_inner_module_after_initialize() -> None:
+    """A parameter registered on a module the model already had (torch's registration
+    hook tells zero, so forwards need not walk the model to count parameters)."""
+    engine = toy_engine()
+    one_step(engine)
+    name, inner = next((n, m) for n, m in engine.module.named_modules() if n)
+    inner.register_parameter("late", torch.nn.Parameter(torch.ones(3)))
+    with pytest.raises(zero_torch.UnsupportedError, match=f"{name}.late"):
+        one_step(engine)
+
+
 def test_model_without_parameters() -> None:
     with pytest.raises(ValueError, match="no parameters"):
         zero_torch.initialize(model=torch.nn.ReLU(), config=workers.toy_config(1, 1, 4))

@@ -116,23 +116,27 @@ fn gpu_benches(c: &mut Criterion) {
                 .map(|(i, &k)| filled(&st, DType::BF16, k, i as u64 + 5))
                 .collect();
             let mut flat = st.zeros(DType::BF16, layout.total_len()).expect("alloc");
+            // One flatten call, queued (the benches below wait for it, or not).
+            let mut flatten = || {
+                let views: Vec<_> = tensors
+                    .iter()
+                    .zip(&sizes)
+                    .map(|(t, &k)| t.view::<bf16>(0..k).expect("view"))
+                    .collect();
+                let total = layout.total_len();
+                st.flatten_views(
+                    &layout,
+                    &views,
+                    &mut flat.view_mut::<bf16>(0..total).expect("view"),
+                )
+                .expect("flatten");
+            };
             let bytes = (4 * sizes.iter().sum::<usize>()) as u64;
             let mut g = c.benchmark_group(format!("gpu_flatten_bf16_{kind}"));
             g.throughput(Throughput::Bytes(bytes));
             g.bench_function(&label, |b| {
                 b.iter(|| {
-                    let views: Vec<_> = tensors
-                        .iter()
-                        .zip(&sizes)
-                        .map(|(t, &k)| t.view::<bf16>(0..k).expect("view"))
-                        .collect();
-                    let total = layout.total_len();
-                    st.flatten_views(
-                        &layout,
-                        &views,
-                        &mut flat.view_mut::<bf16>(0..total).expect("view"),
-                    )
-                    .expect("flatten");
+                    flatten();
                     st.synchronize().expect("sync");
                 })
             });
@@ -144,18 +148,7 @@ fn gpu_benches(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let start = std::time::Instant::now();
                     for _ in 0..iters {
-                        let views: Vec<_> = tensors
-                            .iter()
-                            .zip(&sizes)
-                            .map(|(t, &k)| t.view::<bf16>(0..k).expect("view"))
-                            .collect();
-                        let total = layout.total_len();
-                        st.flatten_views(
-                            &layout,
-                            &views,
-                            &mut flat.view_mut::<bf16>(0..total).expect("view"),
-                        )
-                        .expect("flatten");
+                        flatten();
                     }
                     let host = start.elapsed();
                     st.synchronize().expect("sync");

@@ -47,7 +47,7 @@ fn the_memory_report_matches_the_gpus_allocator() {
             );
             let r = &reports[0];
             let used = r.allocator_used.expect("the CUDA device reads its pool") as u64;
-            let held = used - before.min(used);
+            let held = used.saturating_sub(before);
             let reported = r.device_total() as u64;
             let what = format!("stage {stage} {precision} accumulation {accum}");
             println!("{what}: the pool holds {held} B for the engine, the report says {reported} B ({r:?})");

@@ -57,13 +57,12 @@ impl TableStaging {
         ring.next = ring.next.wrapping_add(1);
         let need = table.len().max(MIN_SLOT).next_power_of_two();
         if ring.slots.get(i).is_none_or(|s| s.len() < need) {
-            let slot = PinnedBuffer::new(stream, need, Direction::ToDevice)?;
-            if i < ring.slots.len() {
-                // The old slot's drop waits for its last copy.
-                ring.slots[i] = slot;
-            } else {
-                ring.slots.push(slot);
-            }
+            // The old slot's drop waits for its last copy.
+            put_slot(
+                &mut ring.slots,
+                i,
+                PinnedBuffer::new(stream, need, Direction::ToDevice)?,
+            );
         }
         let reusable = ring
             .device
@@ -74,11 +73,7 @@ impl TableStaging {
             // A table still held by a caller, or too short: a new one (the old one is
             // freed in stream order once its holder drops it).
             let fresh = Arc::new(stream.alloc_zeros::<u64>(need).map_err(driver("alloc"))?);
-            if i < ring.device.len() {
-                ring.device[i] = fresh;
-            } else {
-                ring.device.push(fresh);
-            }
+            put_slot(&mut ring.device, i, fresh);
         }
         let dev = ring
             .device
@@ -93,6 +88,16 @@ impl TableStaging {
         // copy runs.
         ring.slots[i].send(stream, table, &mut exact)?;
         Ok(Arc::clone(&ring.device[i]))
+    }
+}
+
+/// Puts `x` in ring slot `i`, replacing what was there (slots are filled in order, so `i`
+/// is at most one past the last).
+fn put_slot<T>(slots: &mut Vec<T>, i: usize, x: T) {
+    if i < slots.len() {
+        slots[i] = x;
+    } else {
+        slots.push(x);
     }
 }
 

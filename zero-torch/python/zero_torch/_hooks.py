@@ -145,8 +145,6 @@ class Runtime:
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""
-        self.on_cuda = device.type == "cuda"
-        """CUDA tensors cross (torch's current stream, ``record_stream``); else host ones."""
         self.views = device.type == "cpu"
         """Whether the parameters are views of the engine's buffers (the CPU: one copy),
         rather than torch's own storage filled by copies (a GPU)."""
@@ -743,10 +741,9 @@ class Runtime:
             )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
-        if self.on_cuda:
-            _used_on_current_stream(grad)
+        _used_on_current_stream(grad)
         try:
-            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream() if self.on_cuda else 0)
+            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
         except BaseException as e:
             self.broken_grads[u.index] = f"adding {info.name}'s gradient failed: {type(e).__name__}: {e}"
             raise

@@ -141,7 +141,7 @@ def initialize(
             "passed in code is used, as DeepSpeed does",
             stacklevel=2,
         )
-    _warn_stage0_bf16(cfg, resolved)
+    _warn_stage0_16bit(cfg, resolved)
     engine = ZeroEngine(
         model,
         cfg,
@@ -184,7 +184,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     return parser
 
 
-def _warn_stage0_bf16(cfg: Dict[str, Any], resolved: Dict[str, Any]) -> None:
+def _warn_stage0_16bit(cfg: Dict[str, Any], resolved: Dict[str, Any]) -> None:
     """Says, on rank 0, where a DeepSpeed 0.19.8 script gets other numbers on zero: 16-bit
     training at stage 0 (bf16 with gradients summed in bf16, or fp16), where DeepSpeed's
     ``FP16_UnfusedOptimizer``/``FP16_Optimizer`` step the optimizer once with zero

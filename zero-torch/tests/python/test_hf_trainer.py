@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -55,25 +55,39 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def script_env(model: Path, out: Path, stage: int, case: str, compat: bool,
+               resume: Optional[Path] = None) -> Dict[str, str]:
+    """The variables a test script reads (``ZT_*``), on this process's environment less
+    the launcher's."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update({"ZT_STAGE": str(stage), "ZT_CASE": case, "ZT_COMPAT": "1" if compat else "0",
+                "ZT_MODEL_DIR": str(model), "ZT_OUT_DIR": str(out), "ZT_RESULT": str(out / "result.json"),
+                "ZT_RESUME": str(resume or ""), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
+                "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
+    return env
+
+
+def result_of(cmd: List[str], env: Dict[str, str], out: Path, what: str) -> Dict[str, Any]:
+    """Runs ``cmd`` (a launcher of 2 processes) within 300 s; rank 0's JSON result in
+    ``out``, or an error with the end of the log naming ``what``."""
+    try:
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    except subprocess.TimeoutExpired as e:  # the launcher's agent kills its workers with it
+        raise AssertionError(f"{what} did not finish in 300 s:\n{(e.output or b'').decode(errors='replace')[-3000:]}")
+    log = done.stdout.decode(errors="replace")
+    result = out / "result.json"
+    assert done.returncode == 0 and result.exists(), f"{what}:\n{log[-5000:]}"
+    return json.loads(result.read_text())
+
+
 def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
              resume: Optional[Path] = None, script: Path = SCRIPT) -> Dict[str, Any]:
     """``script`` on 2 processes under torchrun; rank 0's JSON result."""
     out.mkdir(parents=True, exist_ok=True)
-    result = out / "result.json"
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update({"ZT_STAGE": str(stage), "ZT_CASE": case, "ZT_COMPAT": "1" if compat else "0",
-                "ZT_MODEL_DIR": str(model), "ZT_OUT_DIR": str(out), "ZT_RESULT": str(result),
-                "ZT_RESUME": str(resume or ""), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
-                "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), str(script)]
-    try:
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    except subprocess.TimeoutExpired as e:  # torchrun's agent kills its workers with it
-        raise AssertionError(f"the Trainer run did not finish in 300 s:\n{(e.output or b'').decode(errors='replace')[-3000:]}")
-    log = done.stdout.decode(errors="replace")
-    assert done.returncode == 0 and result.exists(), f"{'zero' if compat else 'DeepSpeed'} stage {stage} case {case}:\n{log[-5000:]}"
-    return json.loads(result.read_text())
+    return result_of(cmd, script_env(model, out, stage, case, compat, resume), out,
+                     f"{script.name} on {'zero' if compat else 'DeepSpeed'}, stage {stage} case {case}")
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +106,11 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 _REFERENCE: Dict[str, Dict[str, Any]] = {}
 
 
-def reference(model: Path, root: Path, case: str) -> Dict[str, Any]:
-    """DeepSpeed's stage-2 run of ``case`` on ``model`` (once per module)."""
-    key = f"{model.name}-{case}"
+def reference(model: Path, root: Path, case: str, script: Path = SCRIPT) -> Dict[str, Any]:
+    """DeepSpeed's stage-2 run of ``script`` (``case``) on ``model``, once per module."""
+    key = f"{script.stem}-{model.name}-{case}"
     if key not in _REFERENCE:
-        _REFERENCE[key] = torchrun(model, root / f"deepspeed-{key}", 2, case, compat=False)
+        _REFERENCE[key] = torchrun(model, root / f"deepspeed-{key}", 2, case, compat=False, script=script)
     return _REFERENCE[key]
 
 
@@ -148,13 +162,16 @@ def test_save_model_is_read_by_transformers_and_a_resume_ends_the_same(model_dir
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_a_plain_accelerate_loop_on_zero_gives_deepspeeds_losses(model_dir: Path, tmp_path: Path, stage: int) -> None:
+def test_a_plain_accelerate_loop_on_zero_gives_deepspeeds_losses(model_dir: Path, tmp_path: Path,
+                                                                   tmp_path_factory: pytest.TempPathFactory,
+                                                                   stage: int) -> None:
     """DeepSpeed's stage 2 is the reference for both stages, as for the Trainer (its stage 3
     cannot load with ``from_pretrained`` at 2 ranks on CPU). Each run says which engine
     ``prepare`` made: with ``cpu=True`` accelerate wraps the model in DDP and never
     reaches either (this test compared two DDP runs until 2026-11-27)."""
     script = HERE / "hf_accelerate_script.py"
-    want_run = reference_run(model_dir, tmp_path, script)
+    want_run = reference(model_dir, tmp_path_factory.getbasetemp(), "-", script)
+    assert want_run["engine"].startswith("deepspeed"), f"accelerate prepared {want_run['engine']}, not DeepSpeed's engine"
     got_run = torchrun(model_dir, tmp_path / "zero", stage, "-", compat=True, script=script)
     assert got_run["engine"].startswith("zero_torch"), f"accelerate prepared {got_run['engine']}, not zero's engine"
     got, want = got_run["losses"], want_run["losses"]
@@ -163,35 +180,20 @@ def test_a_plain_accelerate_loop_on_zero_gives_deepspeeds_losses(model_dir: Path
         assert close(a, b), f"stage {stage} micro-step {i}: loss {a} on zero, {b} on DeepSpeed"
 
 
-def reference_run(model_dir: Path, tmp_path: Path, script: Path) -> Dict[str, Any]:
-    """DeepSpeed's stage-2 run of the plain accelerate loop, checked to be DeepSpeed's."""
-    run = torchrun(model_dir, tmp_path / "deepspeed", 2, "-", compat=False, script=script)
-    assert run["engine"].startswith("deepspeed"), f"accelerate prepared {run['engine']}, not DeepSpeed's engine"
-    return run
-
-
 def accelerate_launch(model_dir: Path, out: Path, as_deepspeed: bool, user: Path) -> Dict[str, Any]:
     """``accelerate launch --use_deepspeed --zero_stage 2`` of the plain loop on 2
     processes, with the user site ``user`` (holding the wheel's .pth) and
     ``ZERO_AS_DEEPSPEED=1`` or not; rank 0's JSON result."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update({"ZT_STAGE": "2", "ZT_COMPAT": "0", "ZT_MODEL_DIR": str(model_dir), "ZT_RESULT": str(out / "result.json"),
-                "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONUSERBASE": str(user),
-                "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
+    env = script_env(model_dir, out, 2, "-", compat=False)
+    env["PYTHONUSERBASE"] = str(user)
     env.pop("ZERO_AS_DEEPSPEED", None)
     if as_deepspeed:
         env["ZERO_AS_DEEPSPEED"] = "1"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "2",
            "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
            str(HERE / "hf_accelerate_script.py")]
-    try:
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"accelerate launch did not finish in 300 s:\n{(e.output or b'').decode(errors='replace')[-3000:]}")
-    log = done.stdout.decode(errors="replace")
-    assert done.returncode == 0 and (out / "result.json").exists(), log[-5000:]
-    return json.loads((out / "result.json").read_text())
+    return result_of(cmd, env, out, f"accelerate launch {'with' if as_deepspeed else 'without'} ZERO_AS_DEEPSPEED=1")
 
 
 def test_accelerate_launch_use_deepspeed_trains_on_zero_with_the_variable(model_dir: Path, tmp_path: Path) -> None:

@@ -34,11 +34,21 @@ class LazySpec:
     param_init_fn: Optional[Callable[[torch.nn.Module], None]]
     checkpoint: Optional[str]
     """A Hugging Face checkpoint folder the engine loads right after it is built."""
+    written: bool = False
+    """The values are written before ``initialize`` inside ``GatheredParameters(...,
+    modifier_rank=r)`` (transformers' loading under ZeRO-3): each rank keeps its shard of
+    rank ``r``'s writes (:func:`keep_shards`), and the engine's build gathers a parameter at
+    a time. A parameter nothing wrote is an error naming it."""
 
 
 def spec_of(p: torch.Tensor) -> Optional[LazySpec]:
     """The fill of a placeholder parameter, ``None`` for a parameter with values."""
     return getattr(p, "_zero_lazy", None)
+
+
+def shard_of(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """This rank's shard of a written placeholder's values (:func:`keep_shards`), if any."""
+    return getattr(p, "_zero_shard", None)
 
 
 def _poison(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -155,6 +165,18 @@ def unfilled(name: str, unit: str, module: torch.nn.Module) -> ZeroError:
     )
 
 
+def unwritten(name: str, unit: str, module: torch.nn.Module, partly: bool = False) -> ZeroError:
+    """The error for a placeholder whose values were to be written before ``initialize``
+    (inside ``GatheredParameters(..., modifier_rank=r)``) and were not, or only partly."""
+    what = "holds NaN where nothing wrote it" if partly else "was never written"
+    return ZeroError(
+        f"zero.Init: parameter `{name}` of unit `{unit or '<root>'}` ({type(module).__name__}) {what}: "
+        "the model was built while torch's initializers were disabled (transformers' loading "
+        "under ZeRO-3), so its values must be written inside GatheredParameters(..., "
+        "modifier_rank=r) before initialize(); the checkpoint loaded lacks it, or its load failed"
+    )
+
+
 class UnitFill:
     """The initial values of the placeholder parameters of the units in ``order``, one unit
     materialized at a time (the engine asks in unit order)."""
@@ -169,11 +191,30 @@ class UnitFill:
         fills it after the build)."""
         spec = spec_of(param.param)
         assert spec is not None
+        if spec.written:
+            return self._written(unit, param)
         if spec.checkpoint is not None:
             if spec.checkpoint not in self.checkpoints:
                 self.checkpoints.append(spec.checkpoint)
             return lambda: None
         return lambda: self._value(unit, param)
+
+    @staticmethod
+    def _written(unit: Any, param: Any) -> Callable[[], torch.Tensor]:
+        """The source of a written placeholder: its values gathered from the ranks' shards
+        (nothing wrote it: an error on every rank, before the engine is built)."""
+        from . import _lazy_shards
+
+        if shard_of(param.param) is None:
+            raise unwritten(param.name, unit.name, unit.module)
+
+        def value() -> torch.Tensor:
+            (whole,) = _lazy_shards.gather([param.param])
+            if whole.is_floating_point() and bool(torch.isnan(whole).any()):
+                raise unwritten(param.name, unit.name, unit.module, partly=True)
+            return whole
+
+        return value
 
     def _value(self, unit: Any, param: Any) -> torch.Tensor:
         if self.current is not unit:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, List, Optional, Union
 
 import torch
 
-from . import _lazy_init
+from . import _lazy_init, _lazy_shards
 from .errors import CheckpointError, UnsupportedError
 
 _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -42,9 +42,12 @@ class GatheredParameters:
     Before any engine has the model (as transformers loads a checkpoint under ZeRO-3,
     rank 0 writing each module's weights inside the block), its parameters are whole
     tensors: nothing is gathered, and on exit rank ``r``'s values are broadcast to every
-    rank through ``torch.distributed`` (when its group is up). A ``zero.Init`` parameter
-    without values (built with a ``seed``) cannot be written that way: that is a named
-    error (load such a model with ``zero_torch.from_pretrained``).
+    rank through ``torch.distributed`` (when its group is up). A placeholder the compat
+    ``zero.Init`` built for transformers' loading (:class:`DeepSpeedInit`) is made whole
+    for the block (from the shards written so far, else NaN) and, on exit, rank ``r``'s
+    values are scattered: each rank keeps its shard. A ``zero.Init`` parameter filled from
+    a ``seed`` or checkpoint cannot be written that way: that is a named error (load such a
+    model with ``zero_torch.from_pretrained``).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class GatheredParameters:
         del fwd_module
         self._units: List[Any] = []
         self._engine: Any = None
+        self._written: List[torch.nn.Parameter] = []
 
     def __enter__(self) -> "GatheredParameters":
         if not self.enabled:
@@ -69,12 +73,20 @@ class GatheredParameters:
         self._engine = _engine_of(self.params, before_engine=True)
         if self._engine is None:
             lazy = [p for p in self.params if _lazy_init.spec_of(p) is not None]
-            if lazy and self.modifier_rank is not None:
+            fixed = [p for p in lazy if not _lazy_init.spec_of(p).written]  # type: ignore[union-attr]
+            fixed_ids = {id(p) for p in fixed}
+            if fixed and self.modifier_rank is not None:
                 raise UnsupportedError(
                     f"GatheredParameters(modifier_rank={self.modifier_rank}) before initialize() on a parameter "
-                    f"zero.Init built without values (shape {tuple(lazy[0].shape)}): it has no storage to write; "
-                    "load the checkpoint with zero_torch.from_pretrained, or build inside zero.Init(seed=None)"
+                    f"zero.Init built without values (shape {tuple(fixed[0].shape)}): its values come from "
+                    "zero.Init's seed or checkpoint when the engine is built; load the checkpoint with "
+                    "zero_torch.from_pretrained, or build inside zero.Init(seed=None)"
                 )
+            # Placeholders whose values are written before initialize (transformers'
+            # loading): the block's own become whole, from the shards kept so far.
+            self._written = [p for p in lazy if id(p) not in fixed_ids]
+            if self._written:
+                _lazy_shards.materialize(self._written)
             return self
         rt = self._engine._runtime
         rt.ensure_built()
@@ -93,10 +105,14 @@ class GatheredParameters:
         if not self.enabled:
             return
         if self._engine is None:
+            written = {id(p) for p in self._written}
             if self.modifier_rank is not None and not exc[0]:
                 from . import _dist
 
-                _dist.broadcast_tensors([p.data for p in self.params], self.modifier_rank)
+                _dist.broadcast_tensors([p.data for p in self.params if id(p) not in written], self.modifier_rank)
+                _lazy_shards.keep_shards(self._written, self.modifier_rank)
+            else:
+                _lazy_shards.release(self._written)
             return
         rt = self._engine._runtime
         if self.modifier_rank is not None and not exc[0]:
@@ -234,10 +250,48 @@ class DeepSpeedInit(Init):
     """``deepspeed.zero.Init`` under ``zero_torch.deepspeed_compat``: :class:`Init` with
     ``seed=None`` by default, so a DeepSpeed script's model draws DeepSpeed's values
     (built whole; the engine takes its shard at the first forward). Passing ``seed=``,
-    ``checkpoint=`` or ``param_init_fn=`` builds it without its parameters."""
+    ``checkpoint=`` or ``param_init_fn=`` builds it without its parameters.
+
+    Entered while torch's initializers are disabled (transformers' ``from_pretrained`` and
+    ``from_config`` under ZeRO-3 on the CPU), it builds the model without its parameters
+    too: transformers then writes each module's values on rank 0 inside
+    ``GatheredParameters(..., modifier_rank=0)``, and each rank keeps only its shard of
+    them (``_lazy_shards``), so a model bigger than one rank loads this way."""
 
     def __init__(self, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(*args, seed=seed, **kwargs)
+        self._build_whole = self.enabled and self._spec is None
+
+    def __enter__(self) -> "Init":
+        if self._build_whole and _initializers_disabled() and _shards_stay_on_host():
+            # transformers' loading under ZeRO-3 (from_pretrained, from_config): torch's
+            # initializers are off, so the values are written afterwards, rank 0's inside
+            # GatheredParameters(modifier_rank=0). Each rank keeps a shard of them.
+            self._spec = _lazy_init.LazySpec(seed=0, param_init_fn=None, checkpoint=None, written=True)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self._build_whole:
+            self._spec = None
+
+
+def _initializers_disabled() -> bool:
+    """Whether torch's initializers write nothing (transformers' ``no_init_weights``
+    replaces them while it builds a model whose weights it loads afterwards)."""
+    probe = torch.zeros(1)
+    torch.nn.init.constant_(probe, 1.0)
+    return probe.item() == 0.0
+
+
+def _shards_stay_on_host() -> bool:
+    """Whether values written before ``initialize`` can be kept as host shards: torch's
+    group is gloo (or there is none, and no GPU)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_backend() == "gloo"
+    return not torch.cuda.is_available()
 
 
 def init_weights(model: torch.nn.Module, seed: int = 0,

@@ -46,6 +46,13 @@ args = TrainingArguments(
     dataloader_drop_last=False, **steps,
 )
 model = AutoModelForCausalLM.from_pretrained(os.environ["ZT_MODEL_DIR"])
+# What the loaded model holds on this rank before any engine exists: at stage 3 on zero,
+# placeholders (one element each) and a shard of each parameter.
+loaded = list({id(p): p for p in model.parameters()}.values())
+held = {"numel": sum(p.numel() for p in loaded),
+        "storage_bytes": sum(p.untyped_storage().nbytes() for p in loaded),
+        "shard_numel": sum(getattr(p, "_zero_shard", torch.empty(0)).numel() for p in loaded),
+        "params": len(loaded), "itemsize": loaded[0].element_size()}
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -80,4 +87,5 @@ if trainer.is_world_process_zero():
     with open(os.environ["ZT_RESULT"], "w") as f:
         json.dump({"losses": [e["loss"] for e in logs], "steps": [e["step"] for e in logs],
                    "grad_norms": [e["grad_norm"] for e in logs], "eval_loss": evaluated["eval_loss"],
-                   "global_step": trainer.state.global_step, "engine": type(trainer.model_wrapped).__module__}, f)
+                   "global_step": trainer.state.global_step, "engine": type(trainer.model_wrapped).__module__,
+                   "loaded": held}, f)

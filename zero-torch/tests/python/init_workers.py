@@ -155,3 +155,49 @@ def modify_gathered(stage: int) -> Dict[str, Any]:
                 weight.fill_(0.5)
     losses = _train(engine, 1, 1, 2 * world)
     return {"params": workers.gathered(engine), "losses": losses}
+
+
+def written(stage: int, mode: str = "load") -> Dict[str, Any]:
+    """transformers' loading under ZeRO-3, by hand: the model built inside
+    ``deepspeed.zero.Init`` (zero's :class:`DeepSpeedInit`) while torch's initializers are
+    off (``no_init_weights``), then every module's values written by rank 0 inside
+    ``GatheredParameters(..., modifier_rank=0)`` (from a whole model seeded with 0), before
+    any engine exists. ``mode``: ``load`` (all written, then trained), ``partial``
+    (``model.norm.weight`` never written), ``ordinary`` (the whole seeded model, then
+    ``initialize``: the reference)."""
+    import zero_torch
+    from transformers.initialization import no_init_weights
+
+    rank, world = workers.rank_world()
+    cfg = workers.config(stage, "fp32", 1, 2 * world)
+    torch.manual_seed(0)
+    source = _model("llama")
+    if mode == "ordinary":
+        engine, _, _, _ = zero_torch.initialize(model=source, config=cfg)
+        return {"params": workers.gathered(engine), "losses": _train(engine, 2, 1, 2 * world)}
+    zero_torch.comm.init_distributed("gloo")
+    with no_init_weights(), zero_torch.zero.DeepSpeedInit(config_dict_or_path=cfg):
+        m = _model("llama")
+    values = dict(source.named_parameters())
+    for prefix, module in m.named_modules():
+        own = [(f"{prefix}.{n}" if prefix else n, p) for n, p in module.named_parameters(recurse=False)]
+        if mode == "partial":
+            own = [(n, p) for n, p in own if n != "model.norm.weight"]
+        if not own:
+            continue
+        with zero_torch.zero.GatheredParameters([p for _, p in own], modifier_rank=0):
+            if rank == 0:
+                with torch.no_grad():
+                    for name, p in own:
+                        p.copy_(values[name])
+    loaded = list({id(p): p for p in m.parameters()}.values())
+    held = {"storage_bytes": sum(p.untyped_storage().nbytes() for p in loaded),
+            "shard_numel": sum(getattr(p, "_zero_shard", torch.empty(0)).numel() for p in loaded),
+            "numel": sum(p.numel() for p in loaded), "params": len(loaded)}
+    # A read-only gather before the engine gives every rank rank 0's values.
+    q = m.model.layers[0].self_attn.q_proj.weight
+    with zero_torch.zero.GatheredParameters([q]):
+        read = q.detach().clone()
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    return {"params": workers.gathered(engine), "losses": _train(engine, 2, 1, 2 * world), "held": held,
+            "read_equal": bool(torch.equal(read, values["model.layers.0.self_attn.q_proj.weight"]))}

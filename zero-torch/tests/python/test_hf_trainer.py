@@ -3,7 +3,8 @@ itself on the same CPU: ``hf_trainer_script.py`` under ``torchrun --nproc-per-no
 ``TrainingArguments(use_cpu=True, deepspeed=...)``, "auto" values throughout, accumulation
 2 and clipping, the model loaded with ``from_pretrained`` after ``TrainingArguments``
 (at stage 3 through ``zero.Init`` and ``GatheredParameters(modifier_rank=0)`` before any
-engine exists, as transformers loads under ZeRO-3).
+engine exists, as transformers loads under ZeRO-3: each rank then holds half of each
+parameter and no parameter storage, checked).
 
 - A tiny GPT-2 at stages 2 and 3 x the Trainer's four optimizer/scheduler cases (A: both in the config;
   B: the Trainer's optimizer, two parameter groups; C: the Trainer's scheduler; D: both
@@ -133,6 +134,14 @@ def test_the_trainer_on_zero_logs_deepspeeds_losses(request: pytest.FixtureReque
     for step, a, b in zip(got["steps"], got["grad_norms"], want["grad_norms"]):
         assert close(a, b), f"stage {stage} case {case} step {step}: grad norm {a} on zero, {b} on DeepSpeed"
     assert close(got["eval_loss"], want["eval_loss"]), (got["eval_loss"], want["eval_loss"])
+    held = got["loaded"]
+    if stage == 3:
+        # from_pretrained went through zero.Init: rank 0 holds placeholders (one element
+        # each) and half of every parameter, never the model.
+        assert held["storage_bytes"] <= held["itemsize"] * held["params"], held
+        assert held["numel"] / 2 <= held["shard_numel"] <= held["numel"] / 2 + held["params"], held
+    else:
+        assert held["storage_bytes"] == held["itemsize"] * held["numel"] and held["shard_numel"] == 0, held
     print(f"{model} stage {stage} case {case}: {len(got['losses'])} logged losses and the eval loss match DeepSpeed's")
 
 

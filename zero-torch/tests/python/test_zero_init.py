@@ -222,3 +222,27 @@ def test_gathered_parameters_with_a_modifier_rank_work_on_an_init_model(job: Any
         # One AdamW step (lr 1e-2) from 0.5 moves each element by at most about lr.
         assert (embed - 0.5).abs().max() <= 0.011, f"rank {rank}: rank 0's values did not reach it"
         _equal(r["params"], res[0]["params"], f"rank {rank} against rank 0")
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_rank_0s_writes_before_initialize_keep_a_shard_per_rank_and_train_as_the_ordinary_path(
+        job: Any, stage: int) -> None:
+    """transformers' ZeRO-3 loading by hand (initializers off, rank 0 writing inside
+    GatheredParameters): no rank holds the model, each keeps half of it, and training
+    gives the ordinary path's bits."""
+    got = job(2, "init_workers.written", {"stage": stage})
+    want = job(2, "init_workers.written", {"stage": stage, "mode": "ordinary"})
+    for rank in range(2):
+        held = got[rank]["held"]
+        assert held["storage_bytes"] <= 4 * held["params"], f"rank {rank} holds parameter storage: {held}"
+        assert held["numel"] / 2 <= held["shard_numel"] <= held["numel"] / 2 + held["params"], held
+        assert got[rank]["read_equal"], f"rank {rank}: a read-only gather did not give rank 0's values"
+        assert got[rank]["losses"] == want[rank]["losses"], (got[rank]["losses"], want[rank]["losses"])
+        _equal(got[rank]["params"], want[rank]["params"], f"rank {rank} trained values")
+
+
+def test_a_parameter_not_written_before_initialize_is_an_error_naming_it_on_every_rank(job: Any) -> None:
+    res = job(2, "init_workers.written", {"stage": 3, "mode": "partial"}, expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "ZeroError", r
+        assert "`model.norm.weight`" in r["error"] and "never written" in r["error"], r["error"]

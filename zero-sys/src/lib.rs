@@ -6,6 +6,7 @@ pub mod fs;
 pub mod host_vec;
 pub mod ipc;
 mod loader;
+pub mod malloc;
 pub mod nccl;
 pub mod nvrtc;
 #[cfg(feature = "python")]

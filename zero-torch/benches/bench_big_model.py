@@ -111,12 +111,16 @@ def train_and_report(engine: Any, rank: int, steps: int, base: int, start_s: flo
     import torch
 
     ids = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(rank))
+    times = []
     for _ in range(steps):
+        t0 = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
+        times.append(time.perf_counter() - t0)
+    later = times[1:] or times
     out = {"rank": rank, "growth": peak_rss() - base, "states": states(), "start_s": start_s,
-           "loss": float(loss.item())}
+           "step_s": sorted(later)[len(later) // 2], "loss": float(loss.item())}
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -190,8 +194,9 @@ def main() -> None:
             torch.manual_seed(0)
             LlamaForCausalLM(llama_config()).to(torch.bfloat16).save_pretrained(folder)
         mib = 1 << 20
-        print("| N | path | peak RSS growth per rank (MiB) | model states (MiB) | budget (MiB) | build + initialize (s) |")
-        print("|---|---|---|---|---|---|")
+        print("| N | path | peak RSS growth per rank (MiB) | model states (MiB) | budget (MiB) | build + initialize (s) "
+              "| s/step (median after the first) |")
+        print("|---|---|---|---|---|---|---|")
         for world in args.worlds:
             for mode in args.modes:
                 res = launch(world, mode, folder, args.steps)
@@ -199,8 +204,9 @@ def main() -> None:
                 states = max(r["states"] for r in res)
                 budget = states + 2 * (LIVE + BUCKET) * 2 + 256 * mib
                 start = max(r["start_s"] for r in res)
-                print(f"| {world} | {mode} | {growth / mib:,.0f} | {states / mib:,.0f} | {budget / mib:,.0f} | {start:.1f} |",
-                      flush=True)
+                step = max(r["step_s"] for r in res)
+                print(f"| {world} | {mode} | {growth / mib:,.0f} | {states / mib:,.0f} | {budget / mib:,.0f} | {start:.1f} "
+                      f"| {step:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ mod checkpoint;
 mod cuda_tensors;
 mod engine;
 mod errors;
+mod host_memory;
 mod start;
 mod tensors;
 mod views;
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::read_fp32_state, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_client_state, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_hf_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory::pin_mmap_threshold, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, List, Optional, Union
 
 import torch
 
-from . import _lazy_init, _lazy_shards
+from . import _host_memory, _lazy_init, _lazy_shards
 from .errors import CheckpointError, UnsupportedError
 
 _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -188,6 +188,10 @@ class Init:
     dtype (``dtype=``, else the config's ``bf16``/``fp16``), as DeepSpeed makes it. It
     trains on the CPU engine (a GPU run builds the model whole, for now).
 
+    Entering it pins glibc malloc's mmap threshold at 1 MiB (``_host_memory.pin_heap``):
+    freed tensors of 1 MiB or more then leave the heap, which keeps a stage-3 run within
+    its memory bound, at some step time where a step allocates many such tensors.
+
     ``seed=None`` (what ``deepspeed.zero.Init`` under ``zero_torch.deepspeed_compat``
     defaults to) builds the model whole instead, drawing from torch's generator as
     DeepSpeed does, so a DeepSpeed script starts from DeepSpeed's values; the engine then
@@ -230,6 +234,8 @@ class Init:
         self._construction: Optional[_lazy_init.Construction] = None
 
     def __enter__(self) -> "Init":
+        if self.enabled:
+            _host_memory.pin_heap()
         if self.enabled and self.dtype in (torch.float16, torch.bfloat16):
             self._saved = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)

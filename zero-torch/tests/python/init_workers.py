@@ -201,3 +201,32 @@ def written(stage: int, mode: str = "load") -> Dict[str, Any]:
     engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     return {"params": workers.gathered(engine), "losses": _train(engine, 2, 1, 2 * world), "held": held,
             "read_equal": bool(torch.equal(read, values["model.layers.0.self_attn.q_proj.weight"]))}
+
+
+def heap_after_initialize(inside_init: bool) -> Dict[str, Any]:
+    """Where glibc puts a 4 MiB tensor after an 8 MiB one was freed, once a stage-3 engine
+    exists for a model built inside ``zero.Init`` (``inside_init``) or whole: mapped (the
+    threshold pinned at 1 MiB), or in the heap (glibc raised its threshold past 4 MiB when
+    the 8 MiB block was freed)."""
+    import ctypes
+    import contextlib
+
+    import zero_torch
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    cfg = workers.config(3, "fp32", 1, 2 * workers.rank_world()[1])
+    with zero_torch.zero.Init(config_dict_or_path=cfg) if inside_init else contextlib.nullcontext():
+        m = torch.nn.Linear(8, 8)
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    big = torch.ones(2 << 20)  # 8 MiB
+    del big
+    before = libc.mallinfo2().hblkhd
+    block = torch.ones(1 << 20)  # 4 MiB
+    mapped = libc.mallinfo2().hblkhd - before
+    del block, engine
+    return {"mapped": int(mapped)}

@@ -9,6 +9,7 @@ every rank."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from pathlib import Path
 from typing import Any, Dict
@@ -246,3 +247,14 @@ def test_a_parameter_not_written_before_initialize_is_an_error_naming_it_on_ever
     for r in res:
         assert r.get("exception") == "ZeroError", r
         assert "`model.norm.weight`" in r["error"] and "never written" in r["error"], r["error"]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the threshold is glibc's")
+def test_a_model_built_inside_init_maps_freed_tensors_back_to_the_kernel(job: Any) -> None:
+    """Entering zero.Init pins glibc's mmap threshold (1 MiB): a 4 MiB tensor after a freed
+    8 MiB one is mapped (returned to the kernel when freed), where glibc's rising threshold
+    would have put it in the heap, as it still does for a model built whole."""
+    for r in job(1, "init_workers.heap_after_initialize", {"inside_init": True}):
+        assert r["mapped"] >= 4 << 20, r
+    for r in job(1, "init_workers.heap_after_initialize", {"inside_init": False}):
+        assert r["mapped"] == 0, r

@@ -226,6 +226,18 @@ def broadcast_model(module: torch.nn.Module) -> None:
     broadcast_tensors(tensors, 0)
 
 
+def failed_ranks(failed: bool) -> List[int]:
+    """Every rank's answer to "did this block fail here?" (a collective: every rank calls
+    it), so that a failure on one rank stops the others' next collective instead of
+    leaving them waiting in it. Only this rank's answer in a world of one."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [dist.get_rank() if dist.is_initialized() else 0] if failed else []
+    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=_object_device() or "cpu")
+    flags[dist.get_rank()] = int(failed)
+    dist.all_reduce(flags)
+    return [r for r, f in enumerate(flags.tolist()) if f]
+
+
 def broadcast_tensors(tensors: List[torch.Tensor], src: int) -> None:
     """Rank ``src``'s values of ``tensors`` (the same list, in the same order, on every
     rank) written into them on every rank; nothing in a world of one. One collective per

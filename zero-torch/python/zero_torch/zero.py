@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, List, Optional, Union
 import torch
 
 from . import _host_memory, _lazy_init, _lazy_shards
-from .errors import CheckpointError, UnsupportedError
+from .errors import CheckpointError, UnsupportedError, ZeroError
 
 _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 """Engines alive in this process (GatheredParameters finds the one that owns its
@@ -105,14 +105,7 @@ class GatheredParameters:
         if not self.enabled:
             return
         if self._engine is None:
-            written = {id(p) for p in self._written}
-            if self.modifier_rank is not None and not exc[0]:
-                from . import _dist
-
-                _dist.broadcast_tensors([p.data for p in self.params if id(p) not in written], self.modifier_rank)
-                _lazy_shards.keep_shards(self._written, self.modifier_rank)
-            else:
-                _lazy_shards.release(self._written)
+            self._exit_before_engine(exc[0] is not None)
             return
         rt = self._engine._runtime
         if self.modifier_rank is not None and not exc[0]:
@@ -121,6 +114,31 @@ class GatheredParameters:
             if rt.stage3 and rt.filled.get(u.index):
                 rt.scatter(u)
         rt.native.abandon_pass()
+
+    def _exit_before_engine(self, raised: bool) -> None:
+        """The exit of a block no engine owns: rank ``modifier_rank``'s values broadcast
+        (whole parameters) or scattered (placeholders keep their shards). Every rank
+        first learns whether the block raised anywhere: then none sends, the
+        placeholders keep what they held, and a rank whose block went well raises an
+        error naming the ranks that failed (they raise their own)."""
+        from . import _dist
+
+        if self.modifier_rank is None:
+            _lazy_shards.release(self._written)
+            return
+        failed = _dist.failed_ranks(raised)
+        if failed:
+            _lazy_shards.release(self._written)
+            if not raised:
+                raise ZeroError(
+                    f"GatheredParameters(modifier_rank={self.modifier_rank}): the block raised on rank(s) "
+                    f"{failed}, so no values were sent and these {len(self.params)} parameters keep what "
+                    "they held (see those ranks' errors)"
+                )
+            return
+        written = {id(p) for p in self._written}
+        _dist.broadcast_tensors([p.data for p in self.params if id(p) not in written], self.modifier_rank)
+        _lazy_shards.keep_shards(self._written, self.modifier_rank)
 
 
 def register_external_parameter(module: torch.nn.Module, parameter: torch.nn.Parameter) -> None:
@@ -285,7 +303,7 @@ class DeepSpeedInit(Init):
 def _initializers_disabled() -> bool:
     """Whether torch's initializers write nothing (transformers' ``no_init_weights``
     replaces them while it builds a model whose weights it loads afterwards)."""
-    probe = torch.zeros(1)
+    probe = torch.zeros(1, device="cpu", dtype=torch.float32)  # whatever device context is in force
     torch.nn.init.constant_(probe, 1.0)
     return probe.item() == 0.0
 

@@ -163,7 +163,8 @@ def written(stage: int, mode: str = "load") -> Dict[str, Any]:
     off (``no_init_weights``), then every module's values written by rank 0 inside
     ``GatheredParameters(..., modifier_rank=0)`` (from a whole model seeded with 0), before
     any engine exists. ``mode``: ``load`` (all written, then trained), ``partial``
-    (``model.norm.weight`` never written), ``ordinary`` (the whole seeded model, then
+    (``model.norm.weight`` never written), ``raise`` (rank 0's block for ``model.norm``
+    raises), ``ordinary`` (the whole seeded model, then
     ``initialize``: the reference)."""
     import zero_torch
     from transformers.initialization import no_init_weights
@@ -186,6 +187,8 @@ def written(stage: int, mode: str = "load") -> Dict[str, Any]:
         if not own:
             continue
         with zero_torch.zero.GatheredParameters([p for _, p in own], modifier_rank=0):
+            if mode == "raise" and rank == 0 and prefix == "model.norm":
+                raise ValueError("rank 0's load of model.norm failed")
             if rank == 0:
                 with torch.no_grad():
                     for name, p in own:

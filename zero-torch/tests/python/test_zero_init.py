@@ -249,6 +249,13 @@ def test_a_parameter_not_written_before_initialize_is_an_error_naming_it_on_ever
         assert "`model.norm.weight`" in r["error"] and "never written" in r["error"], r["error"]
 
 
+def test_a_block_that_raises_on_rank_0_before_initialize_raises_on_every_rank_at_once(job: Any) -> None:
+    res = job(2, "init_workers.written", {"stage": 3, "mode": "raise"}, expect_ok=False)
+    assert res[0].get("exception") == "ValueError" and "model.norm" in res[0]["error"], res[0]
+    assert res[1].get("exception") == "ZeroError", res[1]
+    assert "rank(s) [0]" in res[1]["error"] and "no values were sent" in res[1]["error"], res[1]["error"]
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the threshold is glibc's")
 def test_a_model_built_inside_init_maps_freed_tensors_back_to_the_kernel(job: Any) -> None:
     """Entering zero.Init pins glibc's mmap threshold (1 MiB): a 4 MiB tensor after a freed

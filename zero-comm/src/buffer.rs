@@ -130,6 +130,17 @@ impl HostBuffer {
         }
     }
 
+    /// Zeroes a mapped buffer by handing its pages back to the kernel (see
+    /// [`HostVec::release_pages`]); returns the bytes handed back, 0 for a buffer from the
+    /// heap, which is left as it is.
+    pub fn release_pages(&mut self) -> usize {
+        match self {
+            HostBuffer::F32(v) => v.release_pages(),
+            HostBuffer::F16(v) => v.release_pages(),
+            HostBuffer::BF16(v) => v.release_pages(),
+        }
+    }
+
     /// How many leases on its memory are alive.
     pub fn leases(&self) -> usize {
         match self {

@@ -149,6 +149,15 @@ pub trait Device: Send {
     ) -> Result<(), EngineError>;
     /// Zeroes `b[range]`.
     fn zero(&self, b: &mut Self::Buffer, range: Range<usize>) -> Result<(), EngineError>;
+    /// Zeroes all of `b`, handing its memory back where the device can do that without
+    /// freeing the buffer (host mappings: the pages go back to the kernel until written
+    /// again). Returns the bytes handed back; the default zeroes in place and hands back
+    /// none.
+    fn zero_releasing(&self, b: &mut Self::Buffer) -> Result<usize, EngineError> {
+        let n = self.len(b);
+        self.zero(b, 0..n)?;
+        Ok(0)
+    }
     /// Non-finite check and sum of squares of `b[range]`.
     fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> Result<GradStats, EngineError>;
     /// One fused Adam step over `state`, with gradients `grads[range]`, writing the rounded
@@ -350,6 +359,15 @@ impl Device for HostDevice {
         range_check("zero", &range, b.len())?;
         with_slice!(b, s => s[range].fill(Default::default()));
         Ok(())
+    }
+
+    fn zero_releasing(&self, b: &mut HostBuffer) -> Result<usize, EngineError> {
+        let released = b.release_pages();
+        if released == 0 {
+            let n = b.len();
+            self.zero(b, 0..n)?;
+        }
+        Ok(released)
     }
 
     fn stats(&self, b: &HostBuffer, range: Range<usize>) -> Result<GradStats, EngineError> {

@@ -137,6 +137,33 @@ impl<T: Pod> Elements<T> {
     fn room(&self) -> usize {
         self.cap
     }
+
+    /// A mapped allocation's pages back to the kernel: the elements read as zero after,
+    /// and a page is faulted in afresh at its next write. Bytes handed back; 0 from the
+    /// heap (nothing changes there).
+    fn release_pages(&mut self) -> usize {
+        let Memory::Mapped(bytes) = self.memory else {
+            return 0;
+        };
+        // SAFETY: `base` is the start of a private anonymous mapping of `bytes` made in
+        // `zeroed` and still mapped; `&mut self` excludes every Rust reference into it.
+        // MADV_DONTNEED on such a mapping only drops its pages: later reads see zero
+        // pages, which are valid `Pod` values, and leases keep the same addresses.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.as_ptr().cast::<libc::c_void>(),
+                bytes,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if rc == 0 {
+            bytes
+        } else {
+            // Refused (not expected for an anonymous mapping): zero by hand instead.
+            self.slice_mut().fill(T::zeroed());
+            0
+        }
+    }
 }
 
 impl<T: Pod> Drop for Elements<T> {
@@ -286,6 +313,16 @@ impl<T: Pod> HostVec<T> {
         Ok(())
     }
 
+    /// Sets every element to zero and, where the allocation is a mapping (from
+    /// [`MAP_MIN_BYTES`] on), hands its pages back to the kernel: resident memory falls by
+    /// the buffer's size until it is written again, each page then faulted in zeroed.
+    /// Returns the bytes handed back; a buffer from the heap is left as it is and 0
+    /// returned (zero it yourself where its values must go). Leases see the zeros too:
+    /// their address stays valid.
+    pub fn release_pages(&mut self) -> usize {
+        self.elements_mut().release_pages()
+    }
+
     /// The elements, copied into a `Vec`.
     pub fn into_vec(self) -> Vec<T> {
         self.elements().slice().to_vec()
@@ -427,6 +464,50 @@ mod tests {
             std::ptr::copy_nonoverlapping((lease.addr() as *const f32).add(n - 1), &mut last, 1)
         };
         assert_eq!(last, 2.5);
+    }
+
+    /// Whether the page holding `addr` is resident (`mincore`).
+    fn resident(addr: usize) -> bool {
+        let page = 4096usize;
+        let mut flag = 0u8;
+        // SAFETY: one page at a page-aligned address inside a live mapping; `flag` takes
+        // the one byte mincore writes for it.
+        let rc = unsafe {
+            libc::mincore(
+                (addr & !(page - 1)) as *mut libc::c_void,
+                page,
+                (&mut flag as *mut u8).cast(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore");
+        flag & 1 == 1
+    }
+
+    #[test]
+    fn released_pages_read_as_zero_and_leave_memory() {
+        let n = MAP_MIN_BYTES / 4 + 5;
+        let mut v = HostVec::<f32>::zeroed(n);
+        v.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = i as f32 + 0.5);
+        let lease = v.lease();
+        assert!(resident(lease.addr()) && resident(lease.addr() + 4 * (n - 1)));
+        assert_eq!(v.release_pages(), MAP_MIN_BYTES + 20);
+        assert!(
+            !resident(lease.addr()),
+            "the first page went back to the kernel"
+        );
+        assert!(
+            v.iter().all(|&x| x == 0.0),
+            "released elements read as zero"
+        );
+        v[n - 1] = 3.0; // written again: faulted in, the rest still zero
+        assert_eq!((v[n - 1], v[n - 2], v[0]), (3.0, 0.0, 0.0));
+        assert_eq!(v.as_ptr() as usize, lease.addr(), "the address stays");
+        // From the heap: nothing changes, nothing is handed back.
+        let mut small = HostVec::new(vec![1.5f32; 100]);
+        assert_eq!(small.release_pages(), 0);
+        assert!(small.iter().all(|&x| x == 1.5));
     }
 
     #[test]

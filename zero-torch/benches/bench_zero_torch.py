@@ -62,14 +62,14 @@ def launch(world: int, args: List[str], timeout: float = 1800) -> List[str]:
     return outs
 
 
-def vs_deepspeed(steps: int, width: int, layers: int, precision: str) -> None:
+def vs_deepspeed(steps: int, width: int, layers: int, precision: str, stages: List[int]) -> None:
     size = ["--width", str(width), "--layers", str(layers), "--seq", "64", "--steps", str(steps),
             "--precision", precision]
     print(f"\nGPT-2 width {width}, {layers} layers, seq 64, global batch 32 (micro 8 x 2 accumulation), "
           f"{precision}, 2 processes, {steps} steps (median of the last 80%)\n")
     print("| stage | zero ms/step | DeepSpeed ms/step | DeepSpeed / zero | zero RSS peak / at the end (MiB, ranks 0, 1) | DeepSpeed RSS peak / at the end | zero: torch param storage at rest / engine model states (MiB, rank 0) | final loss zero / DeepSpeed |")
     print("|---|---|---|---|---|---|---|---|")
-    for stage in (0, 1, 2, 3):
+    for stage in stages:
         row: Dict[str, Tuple[float, List[float], float]] = {}
         for engine in ("zero", "deepspeed"):
             outs = launch(2, size + ["--stage", str(stage), "--engine", engine])
@@ -306,6 +306,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="vs-deepspeed's precision")
+    ap.add_argument("--stages", type=int, nargs="+", choices=[0, 1, 2, 3], default=[0, 1, 2, 3],
+                    help="vs-deepspeed's stages")
     args = ap.parse_args()
     os.environ["RAYON_NUM_THREADS"] = "1"
     import platform
@@ -317,7 +319,7 @@ def main() -> None:
     if args.only in (None, "hooks"):
         hooks(50, 200)
     if args.only in (None, "vs-deepspeed"):
-        vs_deepspeed(args.steps, args.width, args.layers, args.precision)
+        vs_deepspeed(args.steps, args.width, args.layers, args.precision, args.stages)
     if args.only in (None, "gpu"):
         gpu_overhead(20, args.gpu_width, args.gpu_layers)
 

@@ -614,6 +614,7 @@ impl NativeEngine {
         d.set_item("gathered", r.gathered)?;
         d.set_item("peak_gathered", r.peak_gathered)?;
         d.set_item("frozen", r.frozen)?;
+        d.set_item("released", r.released)?;
         d.set_item("host", r.host.total())?;
         d.set_item("comm", r.comm)?;
         d.set_item("model_states", r.model_states())?;

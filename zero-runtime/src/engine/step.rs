@@ -517,17 +517,23 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {
-                self.dev.zero(g, 0..plan.layout.partition_len())?;
+                self.buckets[b].shard_released = self.dev.zero_releasing(g)?;
             }
         }
         Ok(())
     }
 
+    /// Drops the window's gradients: the next reduction writes each shard afresh, so a
+    /// shard's host pages go back to the kernel until then (DeepSpeed's stage 2 likewise
+    /// frees its gradient partition between steps).
     fn clear_gradients(&mut self) -> Result<(), EngineError> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];
             state.carry = None;
             state.shard_fresh = true;
+            if let Some(g) = state.grad_shard.as_mut() {
+                state.shard_released = self.dev.zero_releasing(g)?;
+            }
             if let Some(g) = state.grads.as_mut() {
                 self.dev.zero(g, 0..plan.layout.total_len())?;
             }

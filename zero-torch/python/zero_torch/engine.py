@@ -372,7 +372,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         """Bytes this rank holds for the model, by category: the engine's (``params``,
         ``grads``, ``master``, ``exp_avg``, ``exp_avg_sq``, ``grad_accum``, ``buckets``,
         ``gathered``, ``frozen``, ``host`` for offloaded state in RAM, ``comm`` for the
-        shared-memory group's windows; ``model_states`` and the paper's ``formula``) and
+        shared-memory group's windows; ``model_states`` and the paper's ``formula``;
+        ``released``, the part of ``grads`` whose pages went back to the kernel between a
+        step and the next backward, stages 2–3 on the CPU, as DeepSpeed frees its gradient
+        partition) and
         torch's: ``torch_params``, parameter storage torch holds
         outside the engine's buffers (none on the CPU, where the parameters are views of
         them; on a GPU torch's own copies), and ``torch_grads``, the ``.grad`` tensors
@@ -407,7 +410,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
                 "torch_params",
                 "torch_grads",
             )
-        )
+        ) - r["released"]
         return r
 
     def comm_report(self) -> Dict[str, int]:

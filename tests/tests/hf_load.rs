@@ -173,6 +173,7 @@ fn every_stage_and_world_size_loads_the_files_values_reading_only_what_it_holds(
                         strict: true,
                         prefix: Some("model".into()),
                         ignore: vec![],
+                        round_to: None,
                     };
                     let out = run(world, &config(stage, precision), seed, |e| {
                         let (stats, left) = e.load_hf_checkpoint(&dir, &opts).unwrap();
@@ -215,6 +216,51 @@ fn every_stage_and_world_size_loads_the_files_values_reading_only_what_it_holds(
     }
 }
 
+/// The master weights take the file's fp32 values, or (`round_to`) those values rounded to
+/// the loading model's 16-bit dtype first: DeepSpeed's master weights of a bf16 model that
+/// transformers filled from the file.
+#[test]
+fn master_weights_are_the_files_values_or_rounded_through_the_models_dtype() {
+    let seed = seed("hf load rounding");
+    let tmp = tempfile::Builder::new()
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let dir = tmp.path().join("ckpt");
+    let tensors = checkpoint_values(seed, "model.");
+    write_checkpoint(&dir, &tensors);
+    let file = &tensors["model.layer.weight"].1; // stored in fp32
+    assert!(
+        file.iter().any(|x| round(*x, "bf16") != *x),
+        "the test needs values bf16 cannot hold"
+    );
+    for stage in [1u8, 3] {
+        for round_to in [None, Some(zero_kernels::DType::BF16)] {
+            let opts = HfLoadOptions {
+                strict: true,
+                prefix: Some("model".into()),
+                ignore: vec![],
+                round_to,
+            };
+            let states = run(2, &config(stage, "bf16"), seed, |e| {
+                e.load_hf_checkpoint(&dir, &opts).unwrap();
+                e.optimizer_state().unwrap()
+            });
+            let master = &zero_tests::consolidate(&states)["model.layer.weight"][0];
+            let want: Vec<u32> = file
+                .iter()
+                .map(|x| match round_to {
+                    Some(_) => round(*x, "bf16").to_bits(),
+                    None => x.to_bits(),
+                })
+                .collect();
+            assert!(
+                master == &want,
+                "stage {stage}, round_to {round_to:?}: master weights differ"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_checkpoint_that_does_not_fit_fails_every_rank_naming_the_tensor() {
     let seed = seed("hf load errors");
@@ -223,6 +269,7 @@ fn a_checkpoint_that_does_not_fit_fails_every_rank_naming_the_tensor() {
         strict: true,
         prefix: Some("model".into()),
         ignore: vec![],
+        round_to: None,
     };
     let case = |label: &str, edit: &dyn Fn(&mut Tensors), opts: &HfLoadOptions| -> Vec<String> {
         let dir = tmp.path().join(label);
@@ -306,6 +353,7 @@ fn a_damaged_file_on_one_rank_fails_every_rank() {
         strict: true,
         prefix: Some("model".into()),
         ignore: vec![],
+        round_to: None,
     };
     let errs = run(2, &config(3, "bf16"), seed, |e| {
         let dir = if e.rank() == 1 { &bad } else { &good };

@@ -681,7 +681,9 @@ impl NativeEngine {
     /// the model's base prefix, either way). With `strict`, every parameter must be there
     /// and every other tensor in `ignore` (the model's buffers). Returns what this rank
     /// read (`requested`, `read`, `files`, `seconds`) and the tensors no parameter took.
-    #[pyo3(signature = (path, strict=true, prefix=None, ignore=Vec::new()))]
+    /// `round_to` (`"bf16"`, `"fp16"`): the values are rounded to that dtype before they
+    /// become master weights (the dtype of the model they load into).
+    #[pyo3(signature = (path, strict=true, prefix=None, ignore=Vec::new(), round_to=None))]
     fn load_hf_checkpoint<'py>(
         &self,
         py: Python<'py>,
@@ -689,11 +691,23 @@ impl NativeEngine {
         strict: bool,
         prefix: Option<String>,
         ignore: Vec<String>,
+        round_to: Option<String>,
     ) -> PyResult<(Bound<'py, PyDict>, Vec<String>)> {
+        let round_to = match round_to.as_deref() {
+            None | Some("fp32") => None,
+            Some("bf16") => Some(zero_kernels::DType::BF16),
+            Some("fp16") => Some(zero_kernels::DType::F16),
+            Some(other) => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "load_hf_checkpoint: round_to must be \"bf16\", \"fp16\" or \"fp32\", not {other:?}"
+                )))
+            }
+        };
         let options = zero_runtime::HfLoadOptions {
             strict,
             prefix,
             ignore,
+            round_to,
         };
         let (stats, left) = detached!(self, py, e => e.load_hf_checkpoint(&path, &options))?;
         let d = PyDict::new(py);

@@ -106,13 +106,20 @@ class HfCheckpointMethods:
         file's dtype and rounded once to the engine's. Names follow transformers: tied
         weights stored once, and a checkpoint saved with or without the model's base prefix
         (``model.``) loads either way. The model's persistent buffers are read whole. The
-        fp32 master weights take the file's values; the optimizer's moments start again.
+        fp32 master weights take the file's values, rounded first to the training dtype in
+        a bf16 or fp16 run (DeepSpeed's master weights of a 16-bit model loaded from the
+        file); the optimizer's moments start again.
 
         With ``strict`` (the default) a parameter missing from the checkpoint, or a tensor of
         it that is neither a parameter nor a buffer, is an error; so is a wrong shape, or a
         damaged or missing file. Any error on any rank raises
         :class:`~zero_torch.CheckpointError` on every rank, naming the tensor and the file,
         and nothing changes. ``load_report()`` then says what this rank read."""
+        self._load_hf(path, strict, self._dtype)  # type: ignore[attr-defined]
+
+    def _load_hf(self, path: PathLike, strict: bool, model_dtype: Optional[torch.dtype]) -> None:
+        """``load_hf_checkpoint``, the values rounded to ``model_dtype`` (the dtype of the
+        model they load into, when 16-bit) before they become master weights."""
         rt = self._runtime  # type: ignore[attr-defined]
         rt.ensure_built()
         rt.sync_user_changes()
@@ -121,7 +128,8 @@ class HfCheckpointMethods:
         prefix = getattr(model, "base_model_prefix", "") or None
         persistent = set(model.state_dict().keys())
         buffers = {n: b for n, b in model.named_buffers() if n in persistent}
-        stats, left = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers))
+        round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model_dtype) if model_dtype else None
+        stats, left = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers), round_to)
         read_buffers = self._load_hf_buffers(os.fspath(path), left, buffers, prefix)
         rt.write_back()
         self._load_report = {
@@ -177,7 +185,8 @@ class HfCheckpointMethods:
         ``"500MiB"``) and ``model.safetensors.index.json``. Each parameter is whole, in
         ``dtype`` (default: the run's dtype; ``torch.float32`` from a 16-bit run writes
         the fp32 master weights, as DeepSpeed's ``zero_to_fp32`` recovers them, and frozen
-        parameters widened), tied weights under each of their names. Every rank calls it: the ranks
+        parameters widened), tied weights once under their first name, as ``save_pretrained``
+        stores them. Every rank calls it: the ranks
         gather one bucket at a time, so no rank holds the model, and share the writing:
         shard ``k`` is written by rank ``k mod world_size``, the index and config by rank 0
         (so ``path`` must be a folder every rank sees: one host, or a shared filesystem).

@@ -655,7 +655,17 @@ class Runtime:
             if self.in_backward:
                 # Activation checkpointing's recompute: gathered until the unit's
                 # gradients are done.
-                if not self.filled.get(u.index) and not self.ready.get(u.index):
+                if self.ready.get(u.index):
+                    # Its gradients were reduced and its storage released: a recompute
+                    # now would run on empty parameters.
+                    before = "the first backward" if self.learned else "its uses in the first forward"
+                    self.error = OrderError(
+                        f"module {u.name or '(the model)'} runs again in this backward after its "
+                        f"gradients were complete by the count {before} gave (used in more "
+                        "reentrant checkpoint segments than before?); its bucket was already reduced"
+                    )
+                    raise self.error
+                if not self.filled.get(u.index):
                     self.gather(u)
                 continue
             n = self.refs.get(u.index, 0)

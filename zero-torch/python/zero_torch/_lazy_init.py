@@ -184,7 +184,9 @@ class UnitFill:
     def __init__(self, model: torch.nn.Module) -> None:
         self.owners = hf_owners(model)
         self.current: Any = None
-        self.checkpoints: List[str] = []
+        # Each checkpoint, with the dtype its placeholders were made in (the model's dtype
+        # its values are rounded to, as transformers' own load would).
+        self.checkpoints: Dict[str, Optional[torch.dtype]] = {}
 
     def source(self, unit: Any, param: Any) -> Callable[[], Optional[torch.Tensor]]:
         """What the engine calls for ``param``'s initial value (``None``: a checkpoint
@@ -194,8 +196,9 @@ class UnitFill:
         if spec.written:
             return self._written(unit, param)
         if spec.checkpoint is not None:
-            if spec.checkpoint not in self.checkpoints:
-                self.checkpoints.append(spec.checkpoint)
+            if self.checkpoints.get(spec.checkpoint) is None:
+                floating = param.param.is_floating_point()
+                self.checkpoints[spec.checkpoint] = param.param.dtype if floating else None
             return lambda: None
         return lambda: self._value(unit, param)
 

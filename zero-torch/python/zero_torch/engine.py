@@ -157,15 +157,15 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         finally:
             fill.release()
         if fill.checkpoints:
-            paths = list(fill.checkpoints)
+            paths = dict(fill.checkpoints)
             self._runtime.after_built = lambda: self._fill_from(paths)
         return native
 
-    def _fill_from(self, paths: List[str]) -> None:
+    def _fill_from(self, paths: Dict[str, Optional[torch.dtype]]) -> None:
         """zero.Init's checkpoints into the just-built engine (every parameter they fill
-        is in one of them: strict)."""
-        for path in paths:
-            self.load_hf_checkpoint(path, strict=True)
+        is in one of them: strict), each rounded to the dtype the model was made in."""
+        for path, dtype in paths.items():
+            self._load_hf(path, True, dtype)
 
     @property
     def _native_config(self) -> Dict[str, Any]:

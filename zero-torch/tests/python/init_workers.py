@@ -79,33 +79,44 @@ def unfilled() -> Dict[str, Any]:
 
 
 def pretrained(path: str, stage: int, dtype: str, steps: int = 2, model_class: Optional[str] = None,
-               paths: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+               paths: Optional[Dict[str, str]] = None, gas: int = 1, clip: float = 0.0,
+               global_batch: Optional[int] = None, ordinary: bool = False,
+               torch_dtype: Optional[str] = None) -> Dict[str, Any]:
     """``from_pretrained`` then ``initialize``: the parameters, logits on a fixed batch, the
-    load report, the bytes the parameters held before ``initialize``, and a few steps'
-    losses."""
+    load report, the bytes the parameters held before ``initialize``, and the losses of
+    ``steps`` steps of ``gas`` micro-steps (``global_batch``, default ``2 * world * gas``),
+    clipped at ``clip``. ``ordinary``: the reference path instead, transformers'
+    ``from_pretrained`` of the same folder (the whole model, float32 unless
+    ``torch_dtype``), then ``initialize``. ``torch_dtype`` (a torch dtype's name) is passed
+    on to either ``from_pretrained``."""
+    import transformers
+
     import zero_torch
 
     rank, world = workers.rank_world()
-    cfg = workers.config(stage, dtype, 1, 2 * world)
-    cls = None
-    if model_class is not None:
-        import transformers
-
-        cls = getattr(transformers, model_class)
-    m = zero_torch.from_pretrained((paths or {}).get(str(rank), path), cls, config=cfg)
+    global_batch = global_batch or 2 * world * gas
+    cfg = workers.config(stage, dtype, gas, global_batch, clip=clip)
+    cls = getattr(transformers, model_class) if model_class is not None else None
+    where = (paths or {}).get(str(rank), path)
+    tdtype = getattr(torch, torch_dtype) if torch_dtype is not None else None
+    if ordinary:
+        m = (cls or transformers.AutoModelForCausalLM).from_pretrained(where, dtype=tdtype or torch.float32)
+    else:
+        m = zero_torch.from_pretrained(where, cls, config=cfg, torch_dtype=tdtype)
     held = sum(p.untyped_storage().nbytes() for p in m.parameters())
     training = m.training
+    built = {"class": type(m).__name__, "dtypes": sorted({str(p.dtype) for p in m.parameters()})}
     try:
         engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__}
+        return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "at": "initialize"}
     params = workers.gathered(engine)
     ids = models.batches(1, 2, 3)[0]
     with torch.no_grad():
         logits = engine(input_ids=ids).logits.float()
-    losses = _train(engine, steps, 1, 2 * world)
+    losses = _train(engine, steps, gas, global_batch)
     return {"params": params, "logits": logits, "report": engine.load_report(), "held_before": held,
-            "training": training, "losses": losses}
+            "training": training, "losses": losses, "trained": workers.gathered(engine), **built}
 
 
 def save_hf(path: str, stage: int, dtype: str, steps: int = 2, save_dtype: Optional[str] = None,
@@ -233,3 +244,76 @@ def heap_after_initialize(inside_init: bool) -> Dict[str, Any]:
     mapped = libc.mallinfo2().hblkhd - before
     del block, engine
     return {"mapped": int(mapped)}
+
+
+class _Reused(torch.nn.Module):
+    """A regression model whose forward applies ``sub`` ``times`` times (set before each
+    step), each use under a reentrant ``torch.utils.checkpoint`` segment where
+    ``reentrant`` (each segment's backward accumulates ``sub``'s gradient on its own)."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.sub = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 1)
+        self.times = 1
+        self.reentrant = reentrant
+
+    def _sub(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.sub(h))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = torch.tanh(self.inp(x))
+        for _ in range(self.times):
+            if self.reentrant and torch.is_grad_enabled():
+                h = checkpoint(self._sub, h, use_reentrant=True)
+            else:
+                h = self._sub(h)
+        return ((self.head(h).squeeze(-1) - y) ** 2).mean()
+
+
+def reused(stage: int, init: bool, reentrant: bool, times: List[int], global_batch: int = 8) -> Dict[str, Any]:
+    """``_Reused`` (built inside ``zero.Init(seed=5)`` where ``init``, else whole from
+    torch's generator) trained one step per entry of ``times`` (how often its forward uses
+    ``sub`` in that step: more than in the first forward, from the second step on). Returns
+    the losses, the trained parameters and the same training by plain PyTorch (AdamW, the
+    whole batch) from the engine's initial values; or the error of the step that raised,
+    and which step it was."""
+    import zero_torch
+
+    rank, world = workers.rank_world()
+    cfg = workers.config(stage, "fp32", 1, global_batch)
+    cfg["zero_optimization"].update({"reduce_bucket_size": 300, "stage3_prefetch_bucket_size": 300,
+                                     "stage3_param_persistence_threshold": 20})
+    if init:
+        with zero_torch.zero.Init(config_dict_or_path=cfg, seed=5):
+            m = _Reused(reentrant)
+    else:
+        torch.manual_seed(5)
+        m = _Reused(reentrant)
+    engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
+    start = workers.gathered(engine)
+    data = models.regression(len(times), global_batch)
+    losses: List[float] = []
+    for step, ((x, y), n) in enumerate(zip(data, times)):
+        m.times = n
+        try:
+            loss = engine(models.shard(x, rank, world), models.shard(y, rank, world))
+            engine.backward(loss)
+            engine.step()
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "step": step,
+                    "losses": losses}
+        losses.append(loss.item())
+    ref = _Reused(False)
+    ref.load_state_dict(start)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    for (x, y), n in zip(data, times):
+        ref.times = n
+        ref(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {"losses": losses, "params": workers.gathered(engine),
+            "reference": {k: p.detach().clone() for k, p in ref.named_parameters()}}

@@ -256,41 +256,61 @@ def many(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def staging_bounds(stage: int, steps: int, global_batch: int, init: bool = False) -> Dict[str, Any]:
+def staging_bounds(stage: int, steps: int, global_batch: int, init: bool = False,
+                   model: str = "llama") -> Dict[str, Any]:
     """Gradient staging (``buckets``) and gathered parameters sampled at every gradient
-    arrival, per backward: the first backward included, they stay within a few buckets
-    (the first forward's uses say when each unit is complete). ``init``: the model is
-    built inside ``zero.Init`` (the engine exists before the first forward)."""
+    arrival and before and after every module's forward, per step (forward and backward):
+    the first step included, they stay within a few buckets (the first forward's uses say
+    when each unit is complete). ``init``: the model is built inside ``zero.Init`` (the
+    engine exists before the first forward). ``model``: ``llama``, or ``gpt2`` (its
+    embedding tied to its head: one parameter used by two modules)."""
     import zero_torch
 
     rank, world = workers.rank_world()
     live = {"zero_optimization": {"stage3_max_live_parameters": 8192, "stage3_max_reuse_distance": 0}}
     cfg = workers.config(stage, "fp32", 1, global_batch, extra=live)
     if init:
-        from transformers import LlamaForCausalLM
-
         with zero_torch.zero.Init(config_dict_or_path=cfg):
-            m = LlamaForCausalLM(models.build_config("llama"))
+            m = _bounds_model(model)
     else:
-        m = models.build("llama", 0)
+        m = models.build(model, 0)
+    # Sizes before initialize: in stage 3 the engine releases the parameters it partitions.
+    largest = max(p.numel() for p in m.parameters())
+    unit = max(sum(p.numel() for p in mod.parameters(recurse=False)) for mod in m.modules())
     engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     per_step: List[Dict[str, int]] = []
 
-    def hook(p: torch.Tensor) -> None:
+    def sample(where: str) -> None:
+        if engine._runtime.native is None:
+            return  # the first forward of a model built whole: the engine is built at its end
         r = engine.memory_report()
         cur = per_step[-1]
         cur["buckets"] = max(cur["buckets"], r["buckets"])
         cur["gathered"] = max(cur["gathered"], r["gathered"])
+        cur[where] += 1
 
     for p in m.parameters():
-        p.register_post_accumulate_grad_hook(hook)
+        p.register_post_accumulate_grad_hook(lambda p: sample("grad_samples"))
+    for module in m.modules():
+        # After the engine's hooks (what it gathers for the module is in), and before its
+        # forward hook (which releases it).
+        module.register_forward_pre_hook(lambda mod, args: sample("forward_samples"))
+        module.register_forward_hook(lambda mod, args, out: sample("forward_samples"), prepend=True)
     for ids in models.batches(steps, global_batch, 1):
-        per_step.append({"buckets": 0, "gathered": 0})
+        per_step.append({"buckets": 0, "gathered": 0, "grad_samples": 0, "forward_samples": 0})
         engine.backward(models.loss_of(engine, models.shard(ids, rank, world)))
         engine.step()
     r = engine.memory_report()
-    largest = max(p.numel() for p in m.parameters())
-    return {"per_step": per_step, "whole": r["padded_numel"] * 4, "largest": largest, "end": r}
+    return {"per_step": per_step, "whole": r["padded_numel"] * 4, "largest": largest, "unit": unit, "end": r,
+            "modules": sum(1 for _ in m.modules())}
+
+
+def _bounds_model(model: str) -> torch.nn.Module:
+    """The test model ``model`` as its class builds it (inside ``zero.Init``: no values)."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    cls = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}[model]
+    return cls(models.build_config(model))
 
 
 def forward_holds_nothing_gathered(stage: int) -> Dict[str, Any]:

@@ -129,20 +129,25 @@ def test_savers_that_refuse_shared_storage_save_the_model(job: Any, tmp_path: An
         assert r["bad"] == [], r["bad"]
 
 
-@pytest.mark.parametrize("stage,init", [(2, False), (3, False), (3, True)])
-def test_the_first_backward_keeps_to_a_few_buckets(job: Any, stage: int, init: bool) -> None:
+@pytest.mark.parametrize("stage,init,model", [(2, False, "llama"), (3, False, "llama"), (3, True, "llama"),
+                                              (3, False, "gpt2"), (3, True, "gpt2")])
+def test_the_first_backward_keeps_to_a_few_buckets(job: Any, stage: int, init: bool, model: str) -> None:
     """Gradient staging stays within a few ``reduce_bucket_size`` buckets, and in stage 3
     the gathered parameters within ``stage3_max_live_parameters`` and the unit in use, in
-    every backward, the first included: the first forward's uses tell when each unit's
-    gradients are complete (also for a model built inside ``zero.Init``, whose engine
-    exists before its first forward)."""
-    args = {"stage": stage, "steps": 3, "global_batch": 4, "init": init}
+    every forward and backward, the first included (sampled before and after every
+    module's forward and at every gradient): the first forward's uses tell when each
+    unit's gradients are complete (also for a model built inside ``zero.Init``, whose
+    engine exists before its first forward, and for GPT-2, whose embedding is its head)."""
+    args = {"stage": stage, "steps": 3, "global_batch": 4, "init": init, "model": model}
     for rank, r in enumerate(job(2, "one_copy_workers.staging_bounds", args)):
         bucket = 4 * max(4096, r["largest"])  # workers.config's reduce_bucket_size, fp32
         for step, s in enumerate(r["per_step"]):
             assert 0 < s["buckets"] <= 3 * bucket < r["whole"], f"rank {rank} step {step}: staging {s} (a bucket is {bucket} bytes, the model {r['whole']})"
             if stage == 3:  # stage3_max_live_parameters 8192, plus the unit being used
-                assert s["gathered"] <= 4 * (8192 + 2 * r["largest"]), f"rank {rank} step {step}: gathered {s}"
+                assert s["gathered"] <= 4 * (8192 + r["unit"]), f"rank {rank} step {step}: gathered {s}, a unit {r['unit']}"
+            assert s["grad_samples"] > 0, s
+            # The engine of a model built whole is built at the end of its first forward.
+            assert s["forward_samples"] >= (r["modules"] if init or step > 0 else 0), s
         assert r["end"]["buckets"] <= 3 * bucket
 
 

@@ -7,7 +7,9 @@
 //! reads the element ranges of its master weights (its partition of each bucket in stages
 //! 1–3, every bucket in stage 0; frozen parameters whole) through the checkpoint load's
 //! staging. The ranks then agree: any rank's failure fails every rank and changes
-//! nothing. The 16-bit parameters are rounded from the new master weights (and gathered
+//! nothing. The master weights take the file's values, first rounded to the loading
+//! model's 16-bit dtype where [`HfLoadOptions::round_to`] names one (DeepSpeed's master
+//! weights of a loaded 16-bit model). The 16-bit parameters are rounded from the new master weights (and gathered
 //! where the stage keeps them whole); the moments start from zero, as after a
 //! weights-only load.
 
@@ -22,6 +24,7 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::Path;
 use zero_comm::Communicator;
+use zero_kernels::{DType, Element};
 
 /// How [`Engine::load_hf_checkpoint`] matches the checkpoint to the model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,12 +39,30 @@ pub struct HfLoadOptions {
     /// Tensors of the checkpoint that are not parameters and that the caller takes itself
     /// (a front-end's buffers).
     pub ignore: Vec<String>,
+    /// The dtype of the model the weights are loaded into, when 16-bit: each value is
+    /// rounded to it before it becomes a master weight, as when transformers loads the
+    /// file into a model of that dtype and DeepSpeed (or `initialize`) makes the fp32
+    /// master weights from its parameters. `None` (or `F32`): the file's values, widened.
+    pub round_to: Option<DType>,
+}
+
+/// `vals` rounded to `dtype` and widened back (nothing for `F32`).
+fn round_through(vals: &mut [f32], dtype: DType) {
+    fn through<T: Element>(vals: &mut [f32]) {
+        vals.iter_mut().for_each(|v| *v = T::from_f32(*v).to_f32());
+    }
+    match dtype {
+        DType::F32 => {}
+        DType::BF16 => through::<half::bf16>(vals),
+        DType::F16 => through::<half::f16>(vals),
+    }
 }
 
 /// Where each parameter's tensor is.
 struct HfSource<'a> {
     ck: &'a mut HfCheckpoint,
     keys: &'a [Option<String>],
+    round_to: Option<DType>,
 }
 
 impl Source for HfSource<'_> {
@@ -62,6 +83,9 @@ impl Source for HfSource<'_> {
         let mut vals = vec![0f32; range.len()];
         if kind == StateKind::Master {
             self.ck.read_f32(key, range, &mut vals)?;
+            if let Some(dtype) = self.round_to {
+                round_through(&mut vals, dtype);
+            }
         }
         sink(0, &vals)
     }
@@ -191,6 +215,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             &mut HfSource {
                 ck: &mut ck,
                 keys: &keys,
+                round_to: options.round_to,
             },
             false,
         )?;

@@ -16,7 +16,8 @@ pub use cuda_device::CudaDevice;
 pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{
     CommCounters, CommReport, Engine, ExternalArray, ExternalPiece, HfLoadOptions, ImportedParam,
-    ImportedState, MemoryReport, StagePolicy, StatePiece, StepOutcome, TierBytes, Timings,
+    ImportedState, MemoryReport, SaveOptions, StagePolicy, StatePiece, StepOutcome, TierBytes,
+    Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

@@ -637,18 +637,23 @@ impl NativeEngine {
         Ok(d)
     }
 
-    /// Saves a checkpoint (every rank calls it); returns the tag.
-    #[pyo3(signature = (save_dir, tag=None, client_state_json="{}".to_string()))]
+    /// Saves a checkpoint (every rank calls it); returns the tag. With
+    /// `exclude_frozen_parameters`, frozen parameters are left out of it.
+    #[pyo3(signature = (save_dir, tag=None, client_state_json="{}".to_string(), exclude_frozen_parameters=false))]
     fn save_checkpoint(
         &self,
         py: Python<'_>,
         save_dir: PathBuf,
         tag: Option<String>,
         client_state_json: String,
+        exclude_frozen_parameters: bool,
     ) -> PyResult<String> {
         let client: serde_json::Value = serde_json::from_str(&client_state_json)
             .map_err(|e| PyValueError::new_err(format!("client_state is not JSON: {e}")))?;
-        detached!(self, py, e => e.save_checkpoint(&save_dir, tag.as_deref(), client))
+        let options = zero_runtime::SaveOptions {
+            exclude_frozen_parameters,
+        };
+        detached!(self, py, e => e.save_checkpoint_with(&save_dir, tag.as_deref(), client, options))
     }
 
     /// Loads a checkpoint at any world size and stage (every rank calls it); returns the

@@ -25,7 +25,7 @@ mod report;
 mod step;
 mod views;
 
-pub use checkpoint::{HfLoadOptions, ImportedParam, ImportedState, StatePiece};
+pub use checkpoint::{HfLoadOptions, ImportedParam, ImportedState, SaveOptions, StatePiece};
 pub use groups::ExternalPiece;
 pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 pub use step::ExternalArray;

@@ -42,17 +42,15 @@ class CheckpointMethods:
         an accumulation boundary. It loads at any world size and stage. ``client_state``
         (anything ``torch.save`` can pickle; rank 0's is kept) and the model's persistent
         buffers are saved with it. If any rank fails, every rank raises
-        :class:`~zero_torch.CheckpointError` and the previous checkpoint stays ``latest``."""
+        :class:`~zero_torch.CheckpointError` and the previous checkpoint stays ``latest``.
+        ``exclude_frozen_parameters`` (what transformers' Trainer passes for a PEFT model)
+        leaves the frozen parameters out: ``load_checkpoint(..., load_module_strict=False)``
+        then keeps the model's own frozen values, as DeepSpeed's does."""
         if not save_latest:
             raise UnsupportedError(
                 "save_checkpoint(save_latest=False) is not supported: zero commits a checkpoint "
                 "by pointing `latest` at it, which is what keeps the previous one loadable "
                 "when a save fails"
-            )
-        if exclude_frozen_parameters:
-            raise UnsupportedError(
-                "save_checkpoint(exclude_frozen_parameters=True) is not supported: frozen "
-                "parameters are saved once per checkpoint, in frozen.safetensors"
             )
         native = self._native
         self._runtime.sync_user_changes()
@@ -68,7 +66,7 @@ class CheckpointMethods:
         if self.client_lr_scheduler is not None and hasattr(self.client_lr_scheduler, "state_dict"):
             state["__zero_lr_scheduler__"] = self.client_lr_scheduler.state_dict()
         stored = _client_state.pack(state, _client_state.persistent_buffers(self.module))
-        native.save_checkpoint(os.fspath(save_dir), tag, json.dumps(stored))
+        native.save_checkpoint(os.fspath(save_dir), tag, json.dumps(stored), exclude_frozen_parameters)
         return True
 
     def load_checkpoint(

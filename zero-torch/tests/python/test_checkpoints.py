@@ -198,3 +198,23 @@ def test_missing_latest_and_stage3_without_gather(tmp_path: Path) -> None:
         warnings.simplefilter("error")
         e.save_checkpoint(tmp_path / "c")
     assert (tmp_path / "c" / "latest").read_text().strip() == "global_step0"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_without_frozen_parameters_resumes_on_the_models_own(job: Any, tmp_path: Path, stage: int) -> None:
+    """``save_checkpoint(exclude_frozen_parameters=True)`` (the Trainer's call for a PEFT
+    model) writes no frozen values; a non-strict load keeps the model's own frozen weights
+    and the run goes on as the uninterrupted one, to the bit; a strict load names the
+    frozen parameter it lacks."""
+    save_dir = str(tmp_path / "ckpt")
+    full = job(2, "workers.frozen_excluded", {"stage": stage, "save_dir": save_dir, "mode": "save"})
+    tag = (tmp_path / "ckpt" / "latest").read_text().strip()
+    assert not list((tmp_path / "ckpt" / tag).glob("frozen*")), "frozen values were written"
+    resumed = job(2, "workers.frozen_excluded", {"stage": stage, "save_dir": save_dir, "mode": "resume"})
+    for rank in range(2):
+        assert resumed[rank]["losses"] == full[rank]["losses"][2:], (resumed[rank]["losses"], full[rank]["losses"])
+        for n, p in full[rank]["params"].items():
+            assert torch.equal(resumed[rank]["params"][n], p), f"rank {rank}: {n} differs"
+    for r in job(2, "workers.frozen_excluded", {"stage": stage, "save_dir": save_dir, "mode": "strict"}, expect_ok=False):
+        assert r.get("exception") == "CheckpointError", r
+        assert "`inp.weight`" in r["error"] and "not in the checkpoint" in r["error"], r["error"]

@@ -312,6 +312,45 @@ def ckpt_resume(model: str, stage: int, load_dir: str, start: int, steps: int, g
     return {"path": path, "client": client, "loaded": loaded, "global_steps": global_steps, "losses": losses, "params": gathered(engine)}
 
 
+def frozen_excluded(stage: int, save_dir: str, mode: str, steps: int = 4, save_at: int = 2) -> Dict[str, Any]:
+    """``models.Toy("frozen")`` (its input layer frozen), as the Trainer checkpoints a PEFT
+    model: ``mode`` ``save`` trains ``steps`` steps, saving with
+    ``exclude_frozen_parameters=True`` after ``save_at``; ``resume`` loads that checkpoint
+    with ``load_module_strict=False`` into a model whose other weights differ and trains
+    the remaining steps; ``strict`` loads it strictly (an error naming a frozen parameter)."""
+    import zero_torch
+
+    rank, world = rank_world()
+    cfg = toy_config(stage, 1, 4)
+    model = models.Toy("frozen", seed=0 if mode == "save" else 9)
+    if mode != "save":
+        # The base weights come from elsewhere (a PEFT model's pretrained base): the same.
+        model.inp.load_state_dict(models.Toy("frozen", seed=0).inp.state_dict())
+    engine, _, _, _ = zero_torch.initialize(model=model, config=cfg)
+    data = models.regression(steps, 4)
+
+    def train(indices: range) -> List[float]:
+        out = []
+        for i in indices:
+            x, y = data[i]
+            loss = engine(models.shard(x, rank, world), models.shard(y, rank, world))
+            engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+        return out
+
+    if mode == "save":
+        losses = train(range(save_at))
+        engine.save_checkpoint(save_dir, exclude_frozen_parameters=True)
+        losses += train(range(save_at, steps))
+        return {"losses": losses, "params": gathered(engine)}
+    try:
+        engine.load_checkpoint(save_dir, load_module_strict=mode == "strict")
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__}
+    return {"losses": train(range(save_at, steps)), "params": gathered(engine)}
+
+
 def mismatched_model() -> Dict[str, Any]:
     """Rank 1 builds a wider model than rank 0: every rank must get an error naming the
     mismatch, not hang."""

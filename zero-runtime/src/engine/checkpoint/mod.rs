@@ -15,6 +15,7 @@ mod set;
 
 pub use hf_load::HfLoadOptions;
 pub use load::{ImportedParam, ImportedState};
+pub use save::SaveOptions;
 
 use super::Engine;
 use crate::device::Device;

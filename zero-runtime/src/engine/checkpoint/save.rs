@@ -93,7 +93,26 @@ impl From<IoError> for EngineError {
     }
 }
 
+/// How [`Engine::save_checkpoint_with`] saves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SaveOptions {
+    /// Leave the frozen parameters out (DeepSpeed's `exclude_frozen_parameters`, what the
+    /// Trainer asks for a PEFT model): the checkpoint holds the trained parameters only,
+    /// and a load with `strict = false` keeps the model's frozen values.
+    pub exclude_frozen_parameters: bool,
+}
+
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// [`save_checkpoint_with`](Self::save_checkpoint_with) with the default options.
+    pub fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        tag: Option<&str>,
+        client_state: serde_json::Value,
+    ) -> Result<String, EngineError> {
+        self.save_checkpoint_with(dir, tag, client_state, SaveOptions::default())
+    }
+
     /// Saves this rank's part of a checkpoint of the whole run to `dir/TAG/`, and, once
     /// every rank's part is on disk, commits it (manifest, then `dir/latest`). Every rank
     /// calls it at the same step boundary. `tag` defaults to `global_step{N}`; rank 0's is
@@ -102,11 +121,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Returns the tag.
     ///
     /// Any rank's failure fails every rank, and the previous checkpoint stays `latest`.
-    pub fn save_checkpoint(
+    pub fn save_checkpoint_with(
         &mut self,
         dir: &Path,
         tag: Option<&str>,
         client_state: serde_json::Value,
+        options: SaveOptions,
     ) -> Result<String, EngineError> {
         self.require_boundary("save_checkpoint")?;
         let mine = tag
@@ -120,7 +140,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         check_tag(&tag)?;
         self.validate_tag(&mine, &tag)?;
         let folder = dir.join(&tag);
-        let written = self.write_rank_files(&folder, &save_id);
+        let written = self.write_rank_files(&folder, &save_id, options);
         // Each rank's files (name, bytes, crc32c) or its error, to every rank.
         let record = match &written {
             Ok(files) => serde_json::to_string(files).unwrap_or_default(),
@@ -153,7 +173,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             files.extend(list);
         }
         let commit = if self.rank == 0 {
-            self.commit(dir, &tag, files, client_state)
+            self.commit(dir, &tag, files, client_state, options)
         } else {
             Ok(())
         };
@@ -251,6 +271,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         folder: &Path,
         save_id: &str,
+        options: SaveOptions,
     ) -> Result<Vec<FileEntry>, EngineError> {
         let rank = self.rank;
         let name = |kind: FileKind| folder.join(kind.file_name(rank, save_id));
@@ -318,7 +339,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
         // Frozen parameters, whole, in the 16-bit dtype (rank 0).
         let frozen = self.frozen_params();
-        if self.rank == 0 && !frozen.is_empty() {
+        if self.rank == 0 && !frozen.is_empty() && !options.exclude_frozen_parameters {
             let tensors: Vec<TensorSpec> = frozen
                 .iter()
                 .map(|&(id, _)| TensorSpec {
@@ -376,11 +397,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         tag: &str,
         files: Vec<FileEntry>,
         client_state: serde_json::Value,
+        options: SaveOptions,
     ) -> Result<(), EngineError> {
         let mut params = Vec::with_capacity(self.param_count());
         for id in 0..self.param_count() {
             let spec = self.param_spec(id);
             let fragments = match self.plan.locs[id] {
+                ParamLoc::Frozen { .. } if options.exclude_frozen_parameters => continue,
                 ParamLoc::Frozen { .. } => Vec::new(),
                 ParamLoc::Bucket { bucket, index } => self.plan.buckets[bucket]
                     .layout

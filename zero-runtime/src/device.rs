@@ -149,13 +149,12 @@ pub trait Device: Send {
     ) -> Result<(), EngineError>;
     /// Zeroes `b[range]`.
     fn zero(&self, b: &mut Self::Buffer, range: Range<usize>) -> Result<(), EngineError>;
-    /// Zeroes all of `b`, handing its memory back where the device can do that without
-    /// freeing the buffer (host mappings: the pages go back to the kernel until written
-    /// again). Returns the bytes handed back; the default zeroes in place and hands back
-    /// none.
-    fn zero_releasing(&self, b: &mut Self::Buffer) -> Result<usize, EngineError> {
-        let n = self.len(b);
-        self.zero(b, 0..n)?;
+    /// `b`'s values are no longer needed (the next use overwrites them): where the device
+    /// can, it takes the memory back without freeing the buffer (a host mapping's pages go
+    /// back to the kernel until written again, and read as zero meanwhile). Returns the
+    /// bytes taken back; 0 means `b` is as it was (the default: device memory stays).
+    fn discard(&self, b: &mut Self::Buffer) -> Result<usize, EngineError> {
+        let _ = b;
         Ok(0)
     }
     /// Non-finite check and sum of squares of `b[range]`.
@@ -361,13 +360,8 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    fn zero_releasing(&self, b: &mut HostBuffer) -> Result<usize, EngineError> {
-        let released = b.release_pages();
-        if released == 0 {
-            let n = b.len();
-            self.zero(b, 0..n)?;
-        }
-        Ok(released)
+    fn discard(&self, b: &mut HostBuffer) -> Result<usize, EngineError> {
+        Ok(b.release_pages())
     }
 
     fn stats(&self, b: &HostBuffer, range: Range<usize>) -> Result<GradStats, EngineError> {

@@ -517,7 +517,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {
-                self.buckets[b].shard_released = self.dev.zero_releasing(g)?;
+                let released = self.dev.discard(g)?;
+                if released == 0 {
+                    self.dev.zero(g, 0..plan.layout.partition_len())?;
+                }
+                self.buckets[b].shard_released = released;
             }
         }
         Ok(())
@@ -532,7 +536,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             state.carry = None;
             state.shard_fresh = true;
             if let Some(g) = state.grad_shard.as_mut() {
-                state.shard_released = self.dev.zero_releasing(g)?;
+                state.shard_released = self.dev.discard(g)?;
             }
             if let Some(g) = state.grads.as_mut() {
                 self.dev.zero(g, 0..plan.layout.total_len())?;

@@ -408,6 +408,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(SINGLE_FILE), "{err}");
+        // A corrupt header: its JSON garbled, the length intact.
+        write(
+            &path,
+            &[("w", Dtype::F32, vec![64], bytes_f32(&values(64, 4)))],
+        );
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8] = b'#';
+        std::fs::write(&path, &bytes).unwrap();
+        let err = HfCheckpoint::open(d.path(), 1 << 20)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(SINGLE_FILE), "{err}");
         // A dtype zero does not read as weights: listed, read raw, refused as f32.
         let raw: Vec<u8> = (1..=16).collect();
         write(&path, &[("ids", Dtype::I32, vec![4], raw.clone())]);

@@ -57,8 +57,14 @@ def launch(world: int, args: List[str], timeout: float = 1800) -> List[str]:
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     for p, o in zip(procs, outs):
-        if p.returncode != 0:
+        # torch 2.11's gloo can abort a finished process in its teardown ("terminate
+        # called without an active exception", zero-torch README); DeepSpeed's runs hit
+        # it. A rank that printed its results before that counts, and the abort is said.
+        torn_down = "terminate called without an active exception" in o and "peak RSS" in o
+        if p.returncode != 0 and not torn_down:
             raise RuntimeError(f"{args} failed:\n{o[-3000:]}")
+        if p.returncode != 0:
+            print(f"(note: {' '.join(args)}: a rank aborted in gloo's teardown after its results)", flush=True)
     return outs
 
 

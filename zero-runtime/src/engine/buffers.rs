@@ -109,6 +109,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     detail: format!("no trainable parameter {k}"),
                 })?;
         let range = self.plan.buckets[bucket].layout.tensor_range(index);
+        self.buckets[bucket].released = 0; // written from here on
         let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
             EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
         })?;
@@ -203,6 +204,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         g: &[f32],
     ) -> Result<(), EngineError> {
         let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
+        self.buckets[bucket].released = 0;
         let buf = self.buckets[bucket].grads.as_mut().ok_or_else(|| {
             EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
         })?;

@@ -104,7 +104,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.finish_all()?;
         self.add_into_carry(true)?;
         for state in self.buckets.iter_mut() {
-            state.shard_released = 0;
+            state.released = 0;
             for buf in [
                 state.grads.as_mut(),
                 state.grad_shard.as_mut(),
@@ -244,7 +244,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     self.finish_oldest()?;
                 }
                 self.buckets[b].shard_fresh = false;
-                self.buckets[b].shard_released = 0;
+                self.buckets[b].released = 0;
                 self.buckets[b]
                     .grad_shard
                     .take()

@@ -79,9 +79,10 @@ struct BucketState<B, W2> {
     /// Stages 2–3: `grad_shard` holds nothing of the current window yet, so the next
     /// reduction writes into it; later ones of the window are added to it.
     shard_fresh: bool,
-    /// Bytes of `grad_shard` handed back to the kernel when the last step ended (host
-    /// mappings), until a reduction writes it again: reported as `released`.
-    shard_released: usize,
+    /// Bytes of this bucket's gradients (`grad_shard` in stages 2–3, `grads` in stages
+    /// 0–1) handed back to the kernel when the last step ended (host mappings), until
+    /// gradients are written there again: reported as `released`.
+    released: usize,
     /// fp32 sum of the reduced gradients of a micro-step that was reopened after its
     /// reductions (a second backward before the step), shaped like the buffer
     /// `step_grads` reads; dropped after the step.
@@ -275,7 +276,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     })
                     .transpose()?,
                 shard_fresh: true,
-                shard_released: 0,
+                released: 0,
                 carry: None,
                 opt: AdamState {
                     master: master_apart

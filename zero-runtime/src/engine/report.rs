@@ -71,10 +71,10 @@ pub struct MemoryReport {
     pub peak_gathered: usize,
     /// Frozen parameters (whole on every rank).
     pub frozen: usize,
-    /// Bytes counted above that are not resident: stages 2–3's gradient shards, whose
-    /// host pages go back to the kernel when a step ends and return as the next backward
-    /// writes them (as DeepSpeed frees its gradient partition between steps). Always 0 on
-    /// a GPU, where the buffers stay allocated.
+    /// Bytes counted above that are not resident: the gradients (stages 2–3's shards,
+    /// stages 0–1's whole buckets), whose host pages go back to the kernel when a step
+    /// ends and return as the next backward writes them (as DeepSpeed frees its gradients
+    /// between steps). Always 0 on a GPU, where the buffers stay allocated.
     pub released: usize,
     /// Host memory the communicator keeps for its collectives (the shared-memory group's
     /// windows).
@@ -247,7 +247,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             r.exp_avg += size(&s.opt.exp_avg);
             r.exp_avg_sq += size(&s.opt.exp_avg_sq);
             r.grad_accum += opt_size(s.accum.as_ref());
-            r.released += s.shard_released;
+            r.released += s.released;
         }
         let p = self.dtype.size_of();
         r.buckets = (self.pool_allocated + self.scratch_allocated) * p;

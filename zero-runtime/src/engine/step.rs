@@ -521,7 +521,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 if released == 0 {
                     self.dev.zero(g, 0..plan.layout.partition_len())?;
                 }
-                self.buckets[b].shard_released = released;
+                self.buckets[b].released = released;
             }
         }
         Ok(())
@@ -529,17 +529,23 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Drops the window's gradients: the next reduction writes each shard afresh, so a
     /// shard's host pages go back to the kernel until then (DeepSpeed's stage 2 likewise
-    /// frees its gradient partition between steps).
+    /// frees its gradient partition between steps); stages 0–1's whole-bucket gradients
+    /// are zeroed the same way where the device can (a mapping's pages read as zero).
     fn clear_gradients(&mut self) -> Result<(), EngineError> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             let state = &mut self.buckets[b];
             state.carry = None;
             state.shard_fresh = true;
             if let Some(g) = state.grad_shard.as_mut() {
-                state.shard_released = self.dev.discard(g)?;
+                state.released = self.dev.discard(g)?;
             }
             if let Some(g) = state.grads.as_mut() {
-                self.dev.zero(g, 0..plan.layout.total_len())?;
+                // Stages 0–1 (at 2–3 the staging buffers are back in the pool by now).
+                let released = self.dev.discard(g)?;
+                if released == 0 {
+                    self.dev.zero(g, 0..plan.layout.total_len())?;
+                }
+                state.released = released;
             }
             if let Some(a) = state.accum.as_mut() {
                 let n = self.dev.len(a);

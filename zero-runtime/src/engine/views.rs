@@ -35,6 +35,7 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
             if !wanted.iter().any(|w| w.0 == b) {
                 continue;
             }
+            state.released = 0; // written from here on
             let buf = state.grads.as_mut().ok_or_else(|| {
                 EngineError::Internal(format!("bucket {b} has no gradient buffer"))
             })?;

@@ -374,8 +374,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         ``gathered``, ``frozen``, ``host`` for offloaded state in RAM, ``comm`` for the
         shared-memory group's windows; ``model_states`` and the paper's ``formula``;
         ``released``, the part of ``grads`` whose pages went back to the kernel between a
-        step and the next backward, stages 2–3 on the CPU, as DeepSpeed frees its gradient
-        partition) and
+        step and the next backward, on the CPU, as DeepSpeed frees its gradients) and
         torch's: ``torch_params``, parameter storage torch holds
         outside the engine's buffers (none on the CPU, where the parameters are views of
         them; on a GPU torch's own copies), and ``torch_grads``, the ``.grad`` tensors

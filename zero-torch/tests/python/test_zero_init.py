@@ -137,6 +137,20 @@ def test_from_pretrained_errors_reach_every_rank_at_initialize(job: Any, saved: 
         assert r.get("exception") == "CheckpointError", r
     assert shard.name in res[1]["error"], res[1]["error"]
     assert "rank 1" in res[0]["error"], res[0]["error"]
+    # A corrupt header (its JSON garbled, the length intact) in rank 1's copy.
+    garbled = tmp_path / "garbled"
+    shutil.copytree(saved["root"] / "llama", garbled)
+    shard = sorted(garbled.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[8] = ord("#")
+    shard.write_bytes(bytes(data))
+    res = job(2, "init_workers.pretrained",
+              {"path": str(saved["root"] / "llama"), "stage": 3, "dtype": "fp32", "paths": {"1": str(garbled)}},
+              expect_ok=False)
+    for r in res:
+        assert r.get("exception") == "CheckpointError", r
+    assert shard.name in res[1]["error"], res[1]["error"]
+    assert "rank 1" in res[0]["error"], res[0]["error"]
     # A shard the index names is missing.
     gone = tmp_path / "gone"
     shutil.copytree(saved["root"] / "llama", gone)

@@ -402,3 +402,70 @@ fn stage3_prefetch_keeps_to_its_window() {
     );
     assert!(peak >= 2 * bucket, "peak {peak} B: nothing was prefetched");
 }
+
+/// A bucket spanning several modules stays gathered from one of its modules to the next:
+/// `stage3_max_reuse_distance` counts the other buckets' elements before the next use, not
+/// the bucket's own (freeing it would only gather it again at once). Four modules in one
+/// bucket, a reuse distance of 1 element: once the trace is recorded, a step gathers the
+/// bucket once (kept through the forward, the turn and the backward), where gathering it
+/// again for each module would send 8 times that. At 0 (DeepSpeed's "no reuse") every
+/// module gathers it.
+#[test]
+fn stage3_keeps_a_bucket_between_its_own_modules() {
+    use zero_comm::HostGroup;
+    use zero_runtime::{Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
+    for (reuse, gathers) in [(1u64, 1u64), (0, 8)] {
+        let json = format!(
+            r#"{{"train_micro_batch_size_per_gpu": 1, "bf16": {{"enabled": true}},
+            "optimizer": {{"type": "AdamW"}},
+            "zero_optimization": {{"stage": 3, "reduce_bucket_size": 4096, "stage3_prefetch_bucket_size": 0,
+                "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": {reuse}}}}}"#
+        );
+        let world = 2;
+        let cfg = ZeroConfig::from_json_str(&json, world).unwrap();
+        let modules: Vec<ModuleSpec> = (0..4)
+            .map(|m| ModuleSpec::new(format!("m{m}"), vec![ParamSpec::new("w", &[1000])]))
+            .collect();
+        let sent: Vec<(u64, usize)> = std::thread::scope(|s| {
+            let hs: Vec<_> = HostGroup::new(world)
+                .unwrap()
+                .into_iter()
+                .map(|comm| {
+                    let (cfg, modules) = (cfg.clone(), modules.clone());
+                    s.spawn(move || {
+                        let mut e = Engine::new(cfg, modules, comm, HostDevice, |id, _, v| {
+                            v.iter_mut()
+                                .enumerate()
+                                .for_each(|(i, x)| *x = ((i + id) % 7) as f32 * 0.1)
+                        })
+                        .unwrap();
+                        let grad = vec![0.01f32; 1000];
+                        for _ in 0..3 {
+                            for m in 0..4 {
+                                e.fetch(m).unwrap();
+                                e.release(m).unwrap();
+                            }
+                            for m in (0..4).rev() {
+                                e.fetch(m).unwrap();
+                                e.add_grads_f32(m, &[&grad]).unwrap();
+                                e.grads_ready(m).unwrap();
+                                e.release(m).unwrap();
+                            }
+                            e.step().unwrap();
+                        }
+                        let c = e.comm_report();
+                        (c.last_step.param_gather, c.padded_numel)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let (gathered, padded) = sent[0];
+        let once = padded as u64 / world as u64; // a bucket's all-gather: (N - 1) / N of it
+        assert_eq!(
+            gathered,
+            gathers * once,
+            "reuse distance {reuse}: {gathered} elements gathered in the last step, one gather is {once}"
+        );
+    }
+}

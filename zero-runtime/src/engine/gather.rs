@@ -3,10 +3,14 @@
 //! The first micro-step records the order of `fetch` calls (the trace). Later passes use it
 //! to prefetch the next buckets, up to `stage3_prefetch_bucket_size` elements ahead and
 //! never more than `stage3_max_live_parameters` gathered at once, and to keep a released
-//! bucket whose next use is close: a bucket is kept if the elements the trace gathers from
-//! now up to and including its next use are at most `stage3_max_reuse_distance` (so 0
-//! never keeps one). If a pass departs from the trace, the trace is dropped: no prefetch,
-//! no reuse, until it is recorded again. Persistent buckets are never gathered or freed.
+//! bucket whose next use is close: a bucket is kept if the elements of the other buckets
+//! the trace gathers from now up to its next use are at most `stage3_max_reuse_distance`
+//! (DeepSpeed's parameters between two uses), so a bucket whose next module is one of its
+//! own stays gathered (a bucket spans several modules: freeing it would only gather it
+//! again at once); 0 keeps none, DeepSpeed's "no reuse" (each module of a bucket then
+//! gathers it again). If a pass departs from the trace, the trace is dropped: no
+//! prefetch, no reuse, until it is recorded again. Persistent buckets are never gathered
+//! or freed.
 
 use super::Engine;
 use crate::device::Device;
@@ -128,15 +132,25 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     fn reused_soon(&self, b: usize) -> bool {
-        if !self.trace.valid {
+        if !self.trace.valid || self.cfg.zero.max_reuse_distance == 0 {
             return false;
         }
+        // The elements of the other buckets gathered before b's next use, each once: b's
+        // own do not count (kept, it is not gathered again), so a bucket whose next use
+        // comes before any other bucket's stays gathered.
         let mut distance = 0u64;
+        let mut between: Vec<usize> = Vec::new();
         for &m in &self.trace.modules[self.trace.pos.min(self.trace.modules.len())..] {
             if let Some(next) = self.plan.fetch_bucket[m] {
-                distance += self.plan.buckets[next].layout.total_len() as u64;
                 if next == b {
                     return distance <= self.cfg.zero.max_reuse_distance;
+                }
+                if !between.contains(&next) {
+                    between.push(next);
+                    distance += self.plan.buckets[next].layout.total_len() as u64;
+                    if distance > self.cfg.zero.max_reuse_distance {
+                        return false;
+                    }
                 }
             }
         }

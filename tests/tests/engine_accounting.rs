@@ -339,29 +339,28 @@ fn offloaded_parameters_are_reported_in_their_tier() {
     }
 }
 
-#[test]
-fn stage3_prefetch_keeps_to_its_window() {
-    // Eight modules of 1,000 elements, a bucket each, and a prefetch window of 1,500
-    // elements: once the trace is recorded, a fetch gathers at most the window ahead,
-    // counting buckets already gathered or in flight, so a pass holds the bucket in use
-    // and at most two ahead, never the whole model.
+/// Modules `m0..m{n}` of 1,000 elements each (one parameter `w`) under the config `json`
+/// on two in-process ranks, trained three steps by hand: each module fetched and released
+/// in the forward, then in reverse fetched, given a gradient and released. `after` reads
+/// each rank's engine at the end.
+fn three_steps_by_hand<R: Send>(
+    json: &str,
+    n: usize,
+    after: impl Fn(&zero_runtime::Engine<zero_comm::HostComm, zero_runtime::HostDevice>) -> R + Sync,
+) -> Vec<R> {
     use zero_comm::HostGroup;
     use zero_runtime::{Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
-    let json = r#"{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-        "optimizer": {"type": "AdamW"},
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "stage3_prefetch_bucket_size": 1500,
-            "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}"#;
     let world = 2;
     let cfg = ZeroConfig::from_json_str(json, world).unwrap();
-    let modules: Vec<ModuleSpec> = (0..8)
+    let modules: Vec<ModuleSpec> = (0..n)
         .map(|m| ModuleSpec::new(format!("m{m}"), vec![ParamSpec::new("w", &[1000])]))
         .collect();
-    let peaks: Vec<(usize, usize)> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let hs: Vec<_> = HostGroup::new(world)
             .unwrap()
             .into_iter()
             .map(|comm| {
-                let (cfg, modules) = (cfg.clone(), modules.clone());
+                let (cfg, modules, after) = (cfg.clone(), modules.clone(), &after);
                 s.spawn(move || {
                     let mut e = Engine::new(cfg, modules, comm, HostDevice, |id, _, v| {
                         v.iter_mut()
@@ -371,11 +370,11 @@ fn stage3_prefetch_keeps_to_its_window() {
                     .unwrap();
                     let grad = vec![0.01f32; 1000];
                     for _ in 0..3 {
-                        for m in 0..8 {
+                        for m in 0..n {
                             e.fetch(m).unwrap();
                             e.release(m).unwrap();
                         }
-                        for m in (0..8).rev() {
+                        for m in (0..n).rev() {
                             e.fetch(m).unwrap();
                             e.add_grads_f32(m, &[&grad]).unwrap();
                             e.grads_ready(m).unwrap();
@@ -383,12 +382,27 @@ fn stage3_prefetch_keeps_to_its_window() {
                         }
                         e.step().unwrap();
                     }
-                    let r = e.memory_report();
-                    (r.peak_gathered, r.padded_numel)
+                    after(&e)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn stage3_prefetch_keeps_to_its_window() {
+    // Eight modules of 1,000 elements, a bucket each, and a prefetch window of 1,500
+    // elements: once the trace is recorded, a fetch gathers at most the window ahead,
+    // counting buckets already gathered or in flight, so a pass holds the bucket in use
+    // and at most two ahead, never the whole model.
+    let json = r#"{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000, "stage3_prefetch_bucket_size": 1500,
+            "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}}"#;
+    let peaks = three_steps_by_hand(json, 8, |e| {
+        let r = e.memory_report();
+        (r.peak_gathered, r.padded_numel)
     });
     let (peak, padded) = peaks[0];
     let bucket = 2 * padded / 8; // bf16 bytes of one bucket
@@ -412,8 +426,6 @@ fn stage3_prefetch_keeps_to_its_window() {
 /// module gathers it.
 #[test]
 fn stage3_keeps_a_bucket_between_its_own_modules() {
-    use zero_comm::HostGroup;
-    use zero_runtime::{Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
     for (reuse, gathers) in [(1u64, 1u64), (0, 8)] {
         let json = format!(
             r#"{{"train_micro_batch_size_per_gpu": 1, "bf16": {{"enabled": true}},
@@ -421,47 +433,12 @@ fn stage3_keeps_a_bucket_between_its_own_modules() {
             "zero_optimization": {{"stage": 3, "reduce_bucket_size": 4096, "stage3_prefetch_bucket_size": 0,
                 "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": {reuse}}}}}"#
         );
-        let world = 2;
-        let cfg = ZeroConfig::from_json_str(&json, world).unwrap();
-        let modules: Vec<ModuleSpec> = (0..4)
-            .map(|m| ModuleSpec::new(format!("m{m}"), vec![ParamSpec::new("w", &[1000])]))
-            .collect();
-        let sent: Vec<(u64, usize)> = std::thread::scope(|s| {
-            let hs: Vec<_> = HostGroup::new(world)
-                .unwrap()
-                .into_iter()
-                .map(|comm| {
-                    let (cfg, modules) = (cfg.clone(), modules.clone());
-                    s.spawn(move || {
-                        let mut e = Engine::new(cfg, modules, comm, HostDevice, |id, _, v| {
-                            v.iter_mut()
-                                .enumerate()
-                                .for_each(|(i, x)| *x = ((i + id) % 7) as f32 * 0.1)
-                        })
-                        .unwrap();
-                        let grad = vec![0.01f32; 1000];
-                        for _ in 0..3 {
-                            for m in 0..4 {
-                                e.fetch(m).unwrap();
-                                e.release(m).unwrap();
-                            }
-                            for m in (0..4).rev() {
-                                e.fetch(m).unwrap();
-                                e.add_grads_f32(m, &[&grad]).unwrap();
-                                e.grads_ready(m).unwrap();
-                                e.release(m).unwrap();
-                            }
-                            e.step().unwrap();
-                        }
-                        let c = e.comm_report();
-                        (c.last_step.param_gather, c.padded_numel)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let sent = three_steps_by_hand(&json, 4, |e| {
+            let c = e.comm_report();
+            (c.last_step.param_gather, c.padded_numel)
         });
         let (gathered, padded) = sent[0];
-        let once = padded as u64 / world as u64; // a bucket's all-gather: (N - 1) / N of it
+        let once = padded as u64 / 2; // a bucket's all-gather on 2 ranks: (N - 1) / N of it
         assert_eq!(
             gathered,
             gathers * once,

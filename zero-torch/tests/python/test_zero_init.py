@@ -125,32 +125,32 @@ def test_from_pretrained_gives_transformers_values_each_rank_reading_its_part(
 
 
 def test_from_pretrained_errors_reach_every_rank_at_initialize(job: Any, saved: Dict[str, Any], tmp_path: Path) -> None:
-    bad = tmp_path / "bad"
-    shutil.copytree(saved["root"] / "llama", bad)
-    shard = sorted(bad.glob("*.safetensors"))[-1]
-    with open(shard, "r+b") as f:
-        f.truncate(os.path.getsize(shard) - 64)
-    res = job(2, "init_workers.pretrained",
-              {"path": str(saved["root"] / "llama"), "stage": 3, "dtype": "fp32", "paths": {"1": str(bad)}},
-              expect_ok=False)
-    for r in res:
-        assert r.get("exception") == "CheckpointError", r
-    assert shard.name in res[1]["error"], res[1]["error"]
-    assert "rank 1" in res[0]["error"], res[0]["error"]
-    # A corrupt header (its JSON garbled, the length intact) in rank 1's copy.
-    garbled = tmp_path / "garbled"
-    shutil.copytree(saved["root"] / "llama", garbled)
-    shard = sorted(garbled.glob("*.safetensors"))[0]
-    data = bytearray(shard.read_bytes())
-    data[8] = ord("#")
-    shard.write_bytes(bytes(data))
-    res = job(2, "init_workers.pretrained",
-              {"path": str(saved["root"] / "llama"), "stage": 3, "dtype": "fp32", "paths": {"1": str(garbled)}},
-              expect_ok=False)
-    for r in res:
-        assert r.get("exception") == "CheckpointError", r
-    assert shard.name in res[1]["error"], res[1]["error"]
-    assert "rank 1" in res[0]["error"], res[0]["error"]
+    def damaged_on_rank_1(name: str, which: int, damage: Any) -> None:
+        """Rank 1 loads a copy whose shard ``which`` ``damage`` changed: every rank fails,
+        rank 1 naming the file, rank 0 naming rank 1."""
+        bad = tmp_path / name
+        shutil.copytree(saved["root"] / "llama", bad)
+        shard = sorted(bad.glob("*.safetensors"))[which]
+        damage(shard)
+        res = job(2, "init_workers.pretrained",
+                  {"path": str(saved["root"] / "llama"), "stage": 3, "dtype": "fp32", "paths": {"1": str(bad)}},
+                  expect_ok=False)
+        for r in res:
+            assert r.get("exception") == "CheckpointError", r
+        assert shard.name in res[1]["error"], res[1]["error"]
+        assert "rank 1" in res[0]["error"], res[0]["error"]
+
+    def truncate(shard: Path) -> None:
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) - 64)
+
+    def garble_header(shard: Path) -> None:  # its JSON garbled, the length intact
+        data = bytearray(shard.read_bytes())
+        data[8] = ord("#")
+        shard.write_bytes(bytes(data))
+
+    damaged_on_rank_1("bad", -1, truncate)
+    damaged_on_rank_1("garbled", 0, garble_header)
     # A shard the index names is missing.
     gone = tmp_path / "gone"
     shutil.copytree(saved["root"] / "llama", gone)

@@ -157,6 +157,16 @@ pub trait Device: Send {
         let _ = b;
         Ok(0)
     }
+    /// Zeroes all of `b`: by [`discard`](Self::discard) where that takes the memory back
+    /// (its elements read as zero then), else in place. Returns the bytes taken back.
+    fn zero_discarding(&self, b: &mut Self::Buffer) -> Result<usize, EngineError> {
+        let released = self.discard(b)?;
+        if released == 0 {
+            let n = self.len(b);
+            self.zero(b, 0..n)?;
+        }
+        Ok(released)
+    }
     /// Non-finite check and sum of squares of `b[range]`.
     fn stats(&self, b: &Self::Buffer, range: Range<usize>) -> Result<GradStats, EngineError>;
     /// One fused Adam step over `state`, with gradients `grads[range]`, writing the rounded

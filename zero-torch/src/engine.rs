@@ -686,8 +686,9 @@ impl NativeEngine {
     /// the model's base prefix, either way). With `strict`, every parameter must be there
     /// and every other tensor in `ignore` (the model's buffers). Returns what this rank
     /// read (`requested`, `read`, `files`, `seconds`) and the tensors no parameter took.
-    /// `round_to` (`"bf16"`, `"fp16"`): the values are rounded to that dtype before they
-    /// become master weights (the dtype of the model they load into).
+    /// `round_to` (`"bf16"`, `"fp16"`; `"fp32"` changes nothing): the values are rounded
+    /// to that dtype before they become master weights (the dtype of the model they load
+    /// into).
     #[pyo3(signature = (path, strict=true, prefix=None, ignore=Vec::new(), round_to=None))]
     fn load_hf_checkpoint<'py>(
         &self,
@@ -698,16 +699,15 @@ impl NativeEngine {
         ignore: Vec<String>,
         round_to: Option<String>,
     ) -> PyResult<(Bound<'py, PyDict>, Vec<String>)> {
-        let round_to = match round_to.as_deref() {
-            None | Some("fp32") => None,
-            Some("bf16") => Some(zero_kernels::DType::BF16),
-            Some("fp16") => Some(zero_kernels::DType::F16),
-            Some(other) => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "load_hf_checkpoint: round_to must be \"bf16\", \"fp16\" or \"fp32\", not {other:?}"
-                )))
-            }
-        };
+        let round_to = round_to
+            .map(|name| {
+                zero_runtime::checkpoint::export::parse_dtype_arg(&name).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "load_hf_checkpoint: round_to {name:?}: the values round to bf16, fp16 or fp32"
+                    ))
+                })
+            })
+            .transpose()?;
         let options = zero_runtime::HfLoadOptions {
             strict,
             prefix,

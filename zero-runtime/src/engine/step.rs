@@ -517,11 +517,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (b, plan) in self.plan.buckets.iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {
-                let released = self.dev.discard(g)?;
-                if released == 0 {
-                    self.dev.zero(g, 0..plan.layout.partition_len())?;
-                }
-                self.buckets[b].released = released;
+                self.buckets[b].released = self.dev.zero_discarding(g)?;
             }
         }
         Ok(())
@@ -532,8 +528,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// frees its gradient partition between steps); stages 0–1's whole-bucket gradients
     /// are zeroed the same way where the device can (a mapping's pages read as zero).
     fn clear_gradients(&mut self) -> Result<(), EngineError> {
-        for (b, plan) in self.plan.buckets.iter().enumerate() {
-            let state = &mut self.buckets[b];
+        for state in self.buckets.iter_mut() {
             state.carry = None;
             state.shard_fresh = true;
             if let Some(g) = state.grad_shard.as_mut() {
@@ -541,11 +536,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             if let Some(g) = state.grads.as_mut() {
                 // Stages 0–1 (at 2–3 the staging buffers are back in the pool by now).
-                let released = self.dev.discard(g)?;
-                if released == 0 {
-                    self.dev.zero(g, 0..plan.layout.total_len())?;
-                }
-                state.released = released;
+                state.released = self.dev.zero_discarding(g)?;
             }
             if let Some(a) = state.accum.as_mut() {
                 let n = self.dev.len(a);

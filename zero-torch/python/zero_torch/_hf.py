@@ -128,7 +128,7 @@ class HfCheckpointMethods:
         prefix = getattr(model, "base_model_prefix", "") or None
         persistent = set(model.state_dict().keys())
         buffers = {n: b for n, b in model.named_buffers() if n in persistent}
-        round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model_dtype) if model_dtype else None
+        round_to = _DTYPE_NAMES.get(model_dtype) if model_dtype is not None else None
         stats, left = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers), round_to)
         read_buffers = self._load_hf_buffers(os.fspath(path), left, buffers, prefix)
         rt.write_back()

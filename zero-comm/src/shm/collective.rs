@@ -12,7 +12,7 @@
 //! | reduce-scatter | copy the others' pieces in · barrier · reduce my piece into my output |
 //! | all-reduce ≤ 32 KiB | copy in · barrier · every rank reduces the whole buffer |
 //! | all-reduce | as reduce-scatter, the result also into my other half · barrier · copy the others' pieces out |
-//! | all-gather | copy my piece in · barrier · copy the others' out (at most 1 MiB a chunk) |
+//! | all-gather | copy my piece in · barrier · copy the others' out (at most 256 KiB a chunk) |
 //! | broadcast | the root copies in · barrier · the others copy out (likewise) |
 //! | barrier | barrier |
 //!
@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 /// An all-reduce this small (in bytes) runs in one phase.
 const ONE_SHOT_BYTES: usize = 32 << 10;
 /// The most an all-gather or broadcast moves per barrier: pure copies stay in cache at
-/// this size, and gain nothing from fewer barriers (2 processes, 64 Mi bf16 all-gather:
-/// 26 ms in 1 MiB chunks, 36–44 ms in 4 MiB ones).
-const COPY_CHUNK_BYTES: usize = 1 << 20;
+/// this size, and gain nothing from fewer barriers (2 processes, 64 Mi bf16 all-gather,
+/// 2026-11-28: 10.6–11.3 ms in 256 KiB chunks, 12.5–15.0 ms in 1 MiB ones).
+const COPY_CHUNK_BYTES: usize = 256 << 10;
 
 /// An element type the group moves: the reduction core's, and plain bytes.
 pub(crate) trait ShmElement: HostElement + bytemuck::Pod {}

@@ -23,12 +23,13 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 use zero_sys::ipc::{peer_credentials, recv_with_fd, send_with_fd, SharedMapping};
 
-/// Bytes per window unless `ZERO_SHM_WINDOW` says otherwise: 4 MiB, so that every rank's
-/// two halves stay in a last-level cache of 32 MiB at 4 ranks while a chunk crosses, and a
-/// large collective needs few barriers (each costs a scheduler slice when there are more
-/// ranks than cores). Measured on 2 cores: 64 Mi bf16 all-reduce at 2 processes 35 → 30
-/// ms from 1 MiB, at 4 processes 168 → 107 ms; 16 MiB spilled the cache (51 ms at 2).
-pub const DEFAULT_WINDOW: usize = 4 << 20;
+/// Bytes per window unless `ZERO_SHM_WINDOW` says otherwise: 1 MiB, so a reduction's
+/// chunk (one window, a piece per rank) crosses between cores while it is still in cache.
+/// Against 4 MiB, on 2 cores (2026-11-28, 64 Mi bf16, docs/BENCHMARKS.md): at 2 processes
+/// all-reduce 13.3–13.6 ms against 14.1–14.3; at 4 processes all-reduce 38.1–40.5 against
+/// 49.4–52.6 ms and reduce-scatter 29.8–31.3 against 38.2–39.3 ms. (On 2026-11-23, with
+/// the waits of then, 4 MiB had measured faster.)
+pub const DEFAULT_WINDOW: usize = 1 << 20;
 const HELLO_MAGIC: &[u8; 4] = b"ZSHM";
 
 pub(crate) fn startup_error(reason: impl Into<String>) -> CommError {

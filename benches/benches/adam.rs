@@ -12,18 +12,22 @@ use half::bf16;
 use zero_benches::{config, fill, label, SIZES};
 use zero_kernels::{adam_step, cast, AdamConfig};
 
+/// Both groups' inputs, `n` elements each: master weights, exp_avg, exp_avg_sq (made
+/// non-negative) and fp32 gradients, from fixed seeds.
+fn state(n: usize) -> [Vec<f32>; 4] {
+    let mut s: [Vec<f32>; 4] = std::array::from_fn(|i| {
+        let mut x = vec![0f32; n];
+        fill(&mut x, i as u64 + 1);
+        x
+    });
+    s[2].iter_mut().for_each(|x| *x = x.abs());
+    s
+}
+
 fn adam(c: &mut Criterion) {
     let mut g = c.benchmark_group("adam_bf16");
     for &n in &SIZES {
-        let mut w = vec![0f32; n];
-        let mut m = vec![0f32; n];
-        let mut v = vec![0f32; n];
-        let mut tmp = vec![0f32; n];
-        fill(&mut w, 1);
-        fill(&mut m, 2);
-        fill(&mut v, 3);
-        v.iter_mut().for_each(|x| *x = x.abs());
-        fill(&mut tmp, 4);
+        let [mut w, mut m, mut v, tmp] = state(n);
         let mut grads = vec![bf16::ZERO; n];
         cast(&tmp, &mut grads).expect("equal lengths");
         drop(tmp);
@@ -57,15 +61,7 @@ fn adam(c: &mut Criterion) {
 fn adam_fp32(c: &mut Criterion) {
     let mut g = c.benchmark_group("adam_fp32");
     for &n in &SIZES {
-        let mut w = vec![0f32; n];
-        let mut m = vec![0f32; n];
-        let mut v = vec![0f32; n];
-        let mut grads = vec![0f32; n];
-        fill(&mut w, 1);
-        fill(&mut m, 2);
-        fill(&mut v, 3);
-        v.iter_mut().for_each(|x| *x = x.abs());
-        fill(&mut grads, 4);
+        let [mut w, mut m, mut v, grads] = state(n);
         let cfg = AdamConfig::adamw(1e-4);
         let mut step = 0u64;
         g.throughput(Throughput::Bytes((28 * n) as u64));

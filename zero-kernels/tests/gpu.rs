@@ -593,3 +593,79 @@ fn foreign_tensors_cross_in_both_directions_with_events() {
     foreign_case::<f16>(g, &mut rng);
     foreign_case::<bf16>(g, &mut rng);
 }
+
+/// Memory a framework's tensors view (zero-torch's parameters on a GPU): a leased buffer
+/// written in place by the engine's stream is read through the lease's address on the
+/// framework's stream (ordered by a crossing), still after the engine dropped its buffer,
+/// and freed with the last lease; a leased buffer refuses to grow (its memory would move
+/// from under the views), and shrinks in place.
+fn lease_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
+    use zero_kernels::cuda::ForeignSlice;
+    let ours = g.new_stream().unwrap();
+    let theirs = g.new_stream().unwrap();
+    let engine = theirs
+        .borrow_foreign(ours.cuda().cu_stream() as usize as u64)
+        .unwrap();
+    for n in LENGTHS {
+        let first: Vec<T> = random_vec(rng, n, -50.0, 50.0);
+        let mut x: Vec<T> = wide_vec(rng, n).into_iter().map(T::from_f32).collect();
+        plant_non_finite(rng, &mut x);
+        let mut buf = ours.upload(&first).unwrap();
+        let lease = buf.lease();
+        assert!(buf.is_leased());
+        assert!(
+            lease.bytes() >= n * T::DTYPE.size_of(),
+            "{} bytes",
+            lease.bytes()
+        );
+        assert_eq!(lease.ordinal(), g.ordinal);
+        // The engine's step writes in place, on its stream, after the lease was taken.
+        let staged = ours.upload(&x).unwrap();
+        ours.copy(&staged, 0..n, &mut buf, 0).unwrap();
+        let view = ForeignSlice {
+            addr: lease.addr(),
+            len: n,
+            dtype: T::DTYPE,
+        };
+        let read = |what: &str| {
+            let mut out = theirs.upload(&vec![poison::<T>(); n.max(1)]).unwrap();
+            theirs
+                .crossing(&engine, |s| s.copy_from_foreign(&view, &mut out, 0))
+                .unwrap();
+            let got: Vec<T> = theirs.download(&out, 0..n).unwrap();
+            assert!(
+                got.iter().zip(&x).all(|(a, b)| same(*a, *b)),
+                "{what}: a view of a leased {} buffer, n={n}",
+                T::SUFFIX
+            );
+        };
+        read("the engine alive");
+        // Growing would move the memory: refused. Shrinking keeps it.
+        let cap = buf.capacity();
+        let e = ours.resize(&mut buf, cap + 1).unwrap_err();
+        assert!(e.to_string().contains("leased"), "{e}");
+        ours.resize(&mut buf, n / 2).unwrap();
+        assert_eq!(buf.len(), n / 2);
+        // The engine goes first: the view keeps the memory and its values.
+        drop(buf);
+        read("the engine dropped");
+        let second = lease.clone();
+        drop(lease);
+        read("one of two leases dropped");
+        drop(second);
+    }
+    // Every free queued by the last leases ran cleanly.
+    ours.synchronize().unwrap();
+    theirs.synchronize().unwrap();
+}
+
+#[test]
+fn leased_memory_outlives_its_buffer_until_the_last_lease() {
+    let Some(g) = gpu_or_skip("leases") else {
+        return;
+    };
+    let mut rng = seeded("gpu leases");
+    lease_case::<f32>(g, &mut rng);
+    lease_case::<f16>(g, &mut rng);
+    lease_case::<bf16>(g, &mut rng);
+}

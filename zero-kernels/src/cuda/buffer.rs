@@ -3,11 +3,12 @@
 //! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
 
 use super::gpu::GpuError;
+use super::lease::{GpuLease, Lent};
 use super::readers::{Reader, StreamId, StreamReaders};
 use crate::{DType, Element};
 use half::{bf16, f16};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use zero_sys::cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
     ValidAsZeroBits,
@@ -87,11 +88,15 @@ macro_rules! with_gpu_type {
 /// An owned device buffer: an allocation and how many of its elements are in use.
 #[derive(Debug)]
 pub struct GpuBuffer {
-    data: GpuData,
+    /// The allocation; `None` only inside `drop`, once a lease took it over.
+    data: Option<GpuData>,
     len: usize,
     /// Which streams read it since its last write: a write or the free on another
     /// stream waits for them ([`StreamReaders`]).
     readers: StreamReaders,
+    /// Shared with the leases handed out ([`GpuBuffer::lease`]), once there is one: the
+    /// allocation goes to it when the buffer is dropped, and is freed with the last lease.
+    lent: OnceLock<Arc<Lent>>,
 }
 
 /// Makes `waiter` wait for everything queued on `reader` so far.
@@ -126,13 +131,10 @@ pub(crate) fn last_free() -> String {
 
 impl Drop for GpuBuffer {
     /// The allocation is freed on the stream it was made on, after the last read
-    /// `cudarc`'s event holds: first make that stream wait for the reads it forgot.
+    /// `cudarc`'s event holds: first make that stream wait for the reads it forgot. A
+    /// leased allocation goes to its leases instead, freed with the last of them.
     fn drop(&mut self) {
-        let owner = match &self.data {
-            GpuData::F32(s) => s.stream().clone(),
-            GpuData::F16(s) => s.stream().clone(),
-            GpuData::BF16(s) => s.stream().clone(),
-        };
+        let owner = self.owner_stream();
         *LAST_FREE.lock().unwrap_or_else(|p| p.into_inner()) = Some((
             self.dtype(),
             self.len,
@@ -143,6 +145,9 @@ impl Drop for GpuBuffer {
             if let Some(reader) = r.stream {
                 owner.context().record_err(order_after(&owner, &reader));
             }
+        }
+        if let Some(lent) = self.lent.take() {
+            lent.keep(self.data.take());
         }
     }
 }
@@ -180,9 +185,10 @@ impl GpuBuffer {
             super::out_of_memory::allocating("alloc", || stream.alloc_zeros::<T>(cap))?
         ));
         Ok(GpuBuffer {
-            data,
+            data: Some(data),
             len,
             readers: StreamReaders::default(),
+            lent: OnceLock::new(),
         })
     }
 
@@ -190,15 +196,16 @@ impl GpuBuffer {
     pub fn from_slice<T: GpuElement>(s: CudaSlice<T>) -> Self {
         let len = s.len();
         GpuBuffer {
-            data: T::wrap(s),
+            data: Some(T::wrap(s)),
             len,
             readers: StreamReaders::default(),
+            lent: OnceLock::new(),
         }
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        match self.data {
+        match self.data() {
             GpuData::F32(_) => DType::F32,
             GpuData::F16(_) => DType::F16,
             GpuData::BF16(_) => DType::BF16,
@@ -217,7 +224,7 @@ impl GpuBuffer {
 
     /// Elements allocated.
     pub fn capacity(&self) -> usize {
-        match &self.data {
+        match self.data() {
             GpuData::F32(s) => s.len(),
             GpuData::F16(s) => s.len(),
             GpuData::BF16(s) => s.len(),
@@ -237,7 +244,45 @@ impl GpuBuffer {
 
     /// The allocation.
     pub fn data(&self) -> &GpuData {
-        &self.data
+        self.data
+            .as_ref()
+            .expect("a GpuBuffer's allocation is taken only by its own drop")
+    }
+
+    fn data_mut(&mut self) -> &mut GpuData {
+        self.data
+            .as_mut()
+            .expect("a GpuBuffer's allocation is taken only by its own drop")
+    }
+
+    /// A lease on the allocation for a framework's tensors to view (zero-torch's parameters
+    /// on a GPU): its device address and size, and a share of the allocation, which is
+    /// freed only when this buffer and every lease are gone (after a wait for the whole
+    /// device, since the framework's kernels on its own streams may still use it).
+    pub fn lease(&self) -> GpuLease {
+        let stream = self.owner_stream();
+        let (addr, _read) = self.read_addr(&stream);
+        let lent = self.lent.get_or_init(|| Arc::new(Lent::default())).clone();
+        GpuLease::new(
+            addr,
+            self.capacity() * self.dtype().size_of(),
+            stream.context().ordinal(),
+            lent,
+        )
+    }
+
+    /// Whether a lease was handed out (the allocation must then never move).
+    pub fn is_leased(&self) -> bool {
+        self.lent.get().is_some()
+    }
+
+    /// The stream the allocation was made on (and is freed on).
+    fn owner_stream(&self) -> Arc<CudaStream> {
+        match self.data() {
+            GpuData::F32(s) => s.stream().clone(),
+            GpuData::F16(s) => s.stream().clone(),
+            GpuData::BF16(s) => s.stream().clone(),
+        }
     }
 
     /// Notes a read on `stream`, so a later write or free on another stream waits for it
@@ -268,7 +313,7 @@ impl GpuBuffer {
     /// completion before the buffer comes back, so its reads are over before any other
     /// stream can use the buffer.
     pub fn read_addr<'a>(&'a self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
-        match &self.data {
+        match self.data() {
             GpuData::F32(s) => s.device_ptr(stream),
             GpuData::F16(s) => s.device_ptr(stream),
             GpuData::BF16(s) => s.device_ptr(stream),
@@ -279,7 +324,7 @@ impl GpuBuffer {
     /// buffer's last read and write); the guard records the write when dropped.
     pub fn write_addr<'a>(&'a mut self, stream: &'a Arc<CudaStream>) -> (u64, SyncOnDrop<'a>) {
         self.note_write(stream);
-        match &mut self.data {
+        match self.data_mut() {
             GpuData::F32(s) => s.device_ptr_mut(stream),
             GpuData::F16(s) => s.device_ptr_mut(stream),
             GpuData::BF16(s) => s.device_ptr_mut(stream),
@@ -293,7 +338,7 @@ impl GpuBuffer {
             return Err(out_of_range("view", &range, self.len));
         }
         let dtype = self.dtype();
-        T::slice(&self.data)
+        T::slice(self.data())
             .map(|s| s.slice(range))
             .ok_or_else(|| wrong_type("view", T::SUFFIX, dtype))
     }
@@ -308,7 +353,7 @@ impl GpuBuffer {
             return Err(out_of_range("view_mut", &range, self.len));
         }
         let dtype = self.dtype();
-        T::slice_mut(&mut self.data)
+        T::slice_mut(self.data_mut())
             .map(|s| s.slice_mut(range))
             .ok_or_else(|| wrong_type("view_mut", T::SUFFIX, dtype))
     }

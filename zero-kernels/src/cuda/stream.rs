@@ -261,7 +261,9 @@ impl GpuStream {
         self.download(&tmp, 0..n)
     }
 
-    /// Changes the length, zero-filling new elements; shrinking keeps the allocation.
+    /// Changes the length, zero-filling new elements; shrinking keeps the allocation. A
+    /// leased buffer ([`GpuBuffer::lease`]) cannot grow past its allocation: the tensors
+    /// viewing it would keep the old memory.
     pub fn resize(&self, b: &mut GpuBuffer, len: usize) -> Result<(), GpuError> {
         let old = b.len();
         if len <= b.capacity() {
@@ -270,6 +272,16 @@ impl GpuStream {
                 self.zero(b, old..len)?;
             }
             return Ok(());
+        }
+        if b.is_leased() {
+            return Err(GpuError::Driver {
+                context: "resize",
+                message: format!(
+                    "a buffer of {} elements that tensors view (leased) cannot grow to {len}: its \
+                     memory would move from under them",
+                    b.capacity()
+                ),
+            });
         }
         let mut bigger = self.zeros(b.dtype(), len)?;
         self.copy(b, 0..old, &mut bigger, 0)?;

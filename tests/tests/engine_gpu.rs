@@ -8,6 +8,8 @@
 //!   the host engine keeps against the f64 reference.
 //!
 //! - NCCL at world size 1 (NCCL takes one GPU per rank) gives the host engine's bits too.
+//! - The steps write the parameters into the memory a framework leased (zero-torch's
+//!   parameter views on a GPU), read through the lease on another stream.
 //!
 //! Without a GPU (or, for the NCCL test, without libnccl) each test prints a visible skip.
 
@@ -168,6 +170,88 @@ fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
                 bits(&dev[0]) == bits(&host[0]),
                 "stage {stage} {precision}: NCCL engine differs from the host engine (seed {seed})"
             );
+        }
+    }
+}
+
+/// zero-torch's parameters on a GPU view the engine's buffers through leases (issue 35):
+/// the engine must write every step into the memory it leased, never into a new
+/// allocation. Stages 0–2 (every parameter whole), fp32 and bf16, two ranks: each
+/// parameter is leased before the first step and read through the lease's address on
+/// another stream (ordered by a crossing, as torch's current stream is) after the last;
+/// the values are the engine's own, bit for bit, and the buffer holding each parameter
+/// is still the leased one.
+#[test]
+fn gpu_engine_steps_write_the_leased_parameters_in_place() {
+    use zero_kernels::cuda::{ForeignSlice, GpuBuffer};
+    let Some(g) = gpu_or_skip("leased parameters") else {
+        return;
+    };
+    let seed = seed("engine_gpu leases");
+    let world = 2;
+    let data = dataset(seed, STEPS * world * MICRO);
+    for stage in 0..=2 {
+        for precision in ["fp32", "bf16"] {
+            let cfg = config(stage, precision, 1, 0.0);
+            let comms =
+                DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("device group");
+            let problems = run_ranks_on(
+                comms,
+                || CudaDevice::new().expect("device"),
+                &cfg,
+                seed,
+                |e| {
+                    let ours = e.device().stream().cuda().clone();
+                    let addr = |b: &GpuBuffer| b.read_addr(&ours).0;
+                    let mut leased = Vec::new();
+                    for m in 0..e.modules().len() {
+                        for k in 0..e.modules()[m].params.len() {
+                            let (buf, range) = e.param_buffer(m, k).expect("a parameter");
+                            leased.push((m, k, buf.lease(), range));
+                        }
+                    }
+                    for s in 0..STEPS {
+                        train_step(e, &data, s, None).expect("step");
+                    }
+                    let want = full_params(e).expect("params");
+                    let theirs = g.new_stream().expect("a stream");
+                    let engine = theirs
+                        .borrow_foreign(ours.cu_stream() as usize as u64)
+                        .expect("the engine's stream");
+                    let dtype = e.dtype();
+                    let mut problems = Vec::new();
+                    for (m, k, lease, range) in &leased {
+                        let (buf, now) = e.param_buffer(*m, *k).expect("a parameter");
+                        if addr(buf) != lease.addr() || now != *range {
+                            problems.push(format!("module {m} parameter {k} moved"));
+                            continue;
+                        }
+                        let n = range.len();
+                        let view = ForeignSlice {
+                            addr: lease.addr() + (range.start * dtype.size_of()) as u64,
+                            len: n,
+                            dtype,
+                        };
+                        let mut out = GpuBuffer::zeros(theirs.cuda(), dtype, n).expect("alloc");
+                        theirs
+                            .crossing(&engine, |s| s.copy_from_foreign(&view, &mut out, 0))
+                            .expect("a read through the lease");
+                        let got = theirs.download_f32(&out, 0..n).expect("download");
+                        if zero_kernels::testing::canonical_bits(&got)
+                            != zero_kernels::testing::canonical_bits(&want[*m][*k])
+                        {
+                            problems.push(format!("module {m} parameter {k} differs"));
+                        }
+                    }
+                    problems
+                },
+            );
+            for (rank, p) in problems.iter().enumerate() {
+                assert!(
+                    p.is_empty(),
+                    "stage {stage} {precision} rank {rank}: {p:?} (seed {seed})"
+                );
+            }
         }
     }
 }

@@ -653,6 +653,13 @@ fn lease_case<T: GpuElement>(g: &'static Gpu, rng: &mut ChaCha8Rng) {
         drop(lease);
         read("one of two leases dropped");
         drop(second);
+        // The leases go first: the buffer frees its allocation itself when dropped.
+        let mut kept = ours.upload(&x).unwrap();
+        drop(kept.lease());
+        ours.copy(&staged, 0..n, &mut kept, 0).unwrap();
+        let back: Vec<T> = ours.download(&kept, 0..n).unwrap();
+        assert!(back.iter().zip(&x).all(|(a, b)| same(*a, *b)));
+        drop(kept);
     }
     // Every free queued by the last leases ran cleanly.
     ours.synchronize().unwrap();

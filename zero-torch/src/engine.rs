@@ -250,11 +250,12 @@ impl NativeEngine {
         })
     }
 
-    /// Tensors over the engine's own memory for parameters `ks` of module `m` (CPU only):
-    /// one DLPack capsule each, shaped like its parameter, for `torch.from_dlpack`. The
-    /// capsule leases the buffer, so the tensor stays valid after the engine is gone. In
-    /// stage 3 a partitioned parameter's module must be fetched first (the capsule then
-    /// views the gathered bucket).
+    /// Tensors over the engine's own memory for parameters `ks` of module `m`: one DLPack
+    /// capsule each, shaped like its parameter, on the engine's device (`cuda:N` on a GPU),
+    /// for `torch.from_dlpack`. The capsule leases the buffer, so the tensor stays valid
+    /// after the engine is gone. In stage 3 a partitioned parameter's module must be
+    /// fetched first (the capsule then views the gathered bucket). On a GPU, torch's use
+    /// of them is ordered with the engine's writes by [`cross`](Self::cross).
     fn views<'py>(
         &self,
         py: Python<'py>,
@@ -265,11 +266,33 @@ impl NativeEngine {
         views::capsules(py, &guard, m, &ks)
     }
 
-    /// `(address, bytes)` of every engine buffer that holds parameters now (CPU only):
-    /// each bucket's parameters, stage 3's gathered buckets, the frozen parameters.
+    /// `(address, bytes)` of every engine buffer that holds parameters now (device
+    /// addresses on a GPU): each bucket's parameters, stage 3's gathered buckets, the
+    /// frozen parameters.
     fn storage_ranges(&self) -> PyResult<Vec<(usize, usize)>> {
         let guard = self.lock()?;
         views::storage_ranges(&guard)
+    }
+
+    /// On a GPU: the engine's stream waits for everything torch queued on `stream` (its
+    /// current stream) so far, and `stream` waits for everything the engine queued. Made
+    /// around the engine's writes into the parameters torch views (before and after a
+    /// step, a load, an adoption), so neither side reads memory the other is still
+    /// writing. Nothing waits on the host. A no-op on the CPU.
+    #[pyo3(signature = (stream=None))]
+    fn cross(&self, stream: Option<u64>) -> PyResult<()> {
+        let guard = self.lock()?;
+        match &*guard {
+            Inner::Host(_) => Ok(()),
+            Inner::Cuda(e) => {
+                let st = e.device().stream();
+                let owner = st
+                    .borrow_foreign(torch_stream(stream)?)
+                    .map_err(crate::errors::device_to_py)?;
+                st.crossing(&owner, |_| Ok(()))
+                    .map_err(crate::errors::device_to_py)
+            }
+        }
     }
 
     /// Takes `(module, k, tensor)` values as the parameters' new values on this rank only

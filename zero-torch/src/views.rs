@@ -1,30 +1,24 @@
-//! One copy of the parameters on the CPU: PyTorch's parameters *are* the engine's buffers.
-//! Each parameter becomes a tensor over its range of the buffer that holds it (a bucket's
+//! One copy of the parameters: PyTorch's parameters *are* the engine's buffers. Each
+//! parameter becomes a tensor over its range of the buffer that holds it (a bucket's
 //! 16-bit parameters, stage 3's gathered bucket, the frozen parameters), handed to torch
 //! as a DLPack capsule over a lease on that buffer: torch reads and autograd saves the
 //! engine's memory itself, the optimizer step writes it in place, and a parameter that
 //! outlives the engine keeps its values (the lease keeps the memory).
+//!
+//! On a GPU the capsule describes device memory of the engine's GPU (`cuda:N`); torch's
+//! kernels on its current stream and the engine's on its own are ordered by the crossings
+//! the Python side makes around every engine write (`Engine.cross`).
 //!
 //! Each parameter gets its own torch storage of exactly its bytes, as in a model torch
 //! allocated itself, so code that looks for tensors sharing storage (safetensors,
 //! `save_pretrained`) sees none.
 
 use crate::errors::{to_py, DeviceError};
-use crate::start::{HostEngine, Inner};
+use crate::start::Inner;
 use crate::tensors;
 use pyo3::prelude::*;
 use zero_kernels::DType;
-use zero_sys::python::dlpack::{host_capsule, DlElement};
-
-/// The host engine, or an error naming why views need one.
-fn host(inner: &Inner) -> PyResult<&HostEngine> {
-    match inner {
-        Inner::Host(e) => Ok(e),
-        Inner::Cuda(_) => Err(DeviceError::new_err(
-            "parameter views of the engine's buffers are made on the CPU only; on a GPU the parameters are copies",
-        )),
-    }
-}
+use zero_sys::python::dlpack::{capsule, host_capsule, DlDevice, DlElement, SharedMemory};
 
 fn element(dtype: DType) -> DlElement {
     match dtype {
@@ -42,32 +36,61 @@ pub fn capsules<'py>(
     m: usize,
     ks: &[usize],
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let e = host(inner)?;
-    let module = e.modules().get(m).ok_or_else(|| {
-        to_py(zero_runtime::EngineError::UnknownModule {
-            index: m,
-            count: e.modules().len(),
-        })
-    })?;
+    let shape = |e_modules: &[zero_runtime::ModuleSpec], k: usize| -> PyResult<Vec<usize>> {
+        let module = e_modules.get(m).ok_or_else(|| {
+            to_py(zero_runtime::EngineError::UnknownModule {
+                index: m,
+                count: e_modules.len(),
+            })
+        })?;
+        module
+            .params
+            .get(k)
+            .map(|p| p.shape.clone())
+            .ok_or_else(|| DeviceError::new_err(format!("module {m} has no parameter {k}")))
+    };
     ks.iter()
-        .map(|&k| {
-            let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
-            let shape = &module.params[k].shape;
-            host_capsule(py, buf.lease(), element(buf.dtype()), range.start, shape)
+        .map(|&k| match inner {
+            Inner::Host(e) => {
+                let dims = shape(e.modules(), k)?;
+                let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
+                host_capsule(py, buf.lease(), element(buf.dtype()), range.start, &dims)
+            }
+            Inner::Cuda(e) => {
+                let dims = shape(e.modules(), k)?;
+                let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
+                let lease = buf.lease();
+                let memory = SharedMemory {
+                    addr: lease.addr(),
+                    bytes: lease.bytes(),
+                    device: DlDevice::Cuda(lease.ordinal()),
+                    keep: Box::new(lease),
+                };
+                capsule(py, memory, element(buf.dtype()), range.start, &dims)
+            }
         })
         .collect()
 }
 
 /// `(address, bytes)` of every buffer that holds parameters now.
 pub fn storage_ranges(inner: &Inner) -> PyResult<Vec<(usize, usize)>> {
-    let e = host(inner)?;
-    Ok(e.param_buffers()
-        .into_iter()
-        .map(|b| {
-            let lease = b.lease();
-            (lease.addr(), lease.bytes())
-        })
-        .collect())
+    Ok(match inner {
+        Inner::Host(e) => e
+            .param_buffers()
+            .into_iter()
+            .map(|b| {
+                let lease = b.lease();
+                (lease.addr(), lease.bytes())
+            })
+            .collect(),
+        Inner::Cuda(e) => {
+            let stream = e.device().stream().cuda();
+            e.param_buffers()
+                .into_iter()
+                .map(|b| (b.read_addr(stream).0 as usize, b.bytes()))
+                .collect()
+        }
+    })
 }
 
 /// Values of `(module, k, tensor)` for [`Engine::adopt_params`](zero_runtime::Engine::adopt_params):

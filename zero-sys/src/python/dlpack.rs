@@ -1,6 +1,7 @@
 //! Memory zero owns, handed to a Python framework as a tensor through DLPack: a
-//! `"dltensor"` capsule over a [`Lease`], which `torch.from_dlpack` turns into a tensor
-//! that views the memory (no copy) and keeps the lease until its storage is freed.
+//! `"dltensor"` capsule over a lease (a [`Lease`] of host memory, or any owner of device
+//! memory: [`SharedMemory`]), which `torch.from_dlpack` turns into a tensor that views the
+//! memory (no copy) and keeps the lease until its storage is freed.
 //!
 //! DLPack is the framework-neutral way to share a tensor's memory (data API standard,
 //! `torch.utils.dlpack`); the capsule protocol is the pre-1.0 one every framework still
@@ -48,6 +49,7 @@ impl DlElement {
 
 // dlpack.h (v0.8): the structs a "dltensor" capsule points to.
 const K_DL_CPU: i32 = 1;
+const K_DL_CUDA: i32 = 2;
 const K_DL_FLOAT: u8 = 2;
 const K_DL_BFLOAT: u8 = 4;
 const CAPSULE_NAME: &CStr = c"dltensor";
@@ -83,6 +85,28 @@ struct DLManagedTensor {
     deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
+/// Where a capsule's memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DlDevice {
+    /// Host memory.
+    Cpu,
+    /// Device memory of the CUDA GPU with this ordinal.
+    Cuda(usize),
+}
+
+/// Memory a capsule describes: its address and size, where it is, and what keeps it
+/// alive (dropped, on any thread, once the framework's tensor is freed).
+pub struct SharedMemory {
+    /// The address of the memory's first byte (a device address for [`DlDevice::Cuda`]).
+    pub addr: u64,
+    /// Its size in bytes.
+    pub bytes: usize,
+    /// Where it is.
+    pub device: DlDevice,
+    /// Keeps the memory alive: a lease on it.
+    pub keep: Box<dyn Send>,
+}
+
 /// What a capsule owns: the managed tensor (first, so a pointer to it is a pointer to
 /// this), the arrays it points to, and the lease keeping the memory alive.
 #[repr(C)]
@@ -90,7 +114,7 @@ struct Managed {
     tensor: DLManagedTensor,
     shape: Vec<i64>,
     strides: Vec<i64>,
-    _lease: Lease,
+    _lease: Box<dyn Send>,
 }
 
 /// The managed tensor's deleter: frees what the capsule owned, the lease with it. Called
@@ -127,17 +151,49 @@ pub fn host_capsule<'py>(
     offset: usize,
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
+    let memory = SharedMemory {
+        addr: lease.addr() as u64,
+        bytes: lease.bytes(),
+        device: DlDevice::Cpu,
+        keep: Box::new(lease),
+    };
+    capsule(py, memory, element, offset, shape)
+}
+
+/// A `"dltensor"` capsule describing a contiguous tensor of `element`s shaped `shape`,
+/// starting `offset` elements into `memory`, on its device: `torch.from_dlpack(capsule)`
+/// gives a tensor over that memory (on `cuda:N` for [`DlDevice::Cuda`]`(N)`) holding
+/// `memory.keep`. An error if the tensor does not fit the memory's bytes.
+pub fn capsule<'py>(
+    py: Python<'py>,
+    memory: SharedMemory,
+    element: DlElement,
+    offset: usize,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyAny>> {
     let len = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
     let end = len
         .and_then(|n| n.checked_add(offset))
         .and_then(|n| n.checked_mul(element.size()));
-    if end.is_none_or(|e| e > lease.bytes()) {
+    if end.is_none_or(|e| e > memory.bytes) {
         return Err(PyValueError::new_err(format!(
             "a tensor of shape {shape:?} at element {offset} does not fit the {} leased bytes of {element:?}",
-            lease.bytes()
+            memory.bytes
         )));
     }
-    let addr = lease.addr() + offset * element.size();
+    let addr = memory.addr + (offset * element.size()) as u64;
+    let device = match memory.device {
+        DlDevice::Cpu => DLDevice {
+            device_type: K_DL_CPU,
+            device_id: 0,
+        },
+        DlDevice::Cuda(ordinal) => DLDevice {
+            device_type: K_DL_CUDA,
+            device_id: i32::try_from(ordinal).map_err(|_| {
+                PyValueError::new_err(format!("CUDA device ordinal {ordinal} is out of range"))
+            })?,
+        },
+    };
     // Contiguous (row-major) strides, in elements.
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -147,10 +203,7 @@ pub fn host_capsule<'py>(
         tensor: DLManagedTensor {
             dl_tensor: DLTensor {
                 data: addr as *mut c_void,
-                device: DLDevice {
-                    device_type: K_DL_CPU,
-                    device_id: 0,
-                },
+                device,
                 ndim: shape.len() as i32,
                 dtype: element.dl(),
                 shape: std::ptr::null_mut(),
@@ -162,7 +215,7 @@ pub fn host_capsule<'py>(
         },
         shape: shape.iter().map(|&d| d as i64).collect(),
         strides,
-        _lease: lease,
+        _lease: memory.keep,
     });
     managed.tensor.dl_tensor.shape = managed.shape.as_mut_ptr();
     managed.tensor.dl_tensor.strides = managed.strides.as_mut_ptr();

@@ -109,6 +109,7 @@ class CheckpointMethods:
                 load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
             )
             return path, client
+        self._runtime.cross()
         stored = json.loads(
             self._native.load_checkpoint(
                 load_dir,
@@ -203,6 +204,7 @@ class CheckpointMethods:
             int(ck.skipped_steps),
             int(ck.global_steps),
         )
+        self._runtime.cross()
         self._native.import_state(params, counters[0], counters[1], counters[2], loss_scale, lr_it, strict)
         self._runtime.write_back()
         if moments and self._plan.kind == "external":

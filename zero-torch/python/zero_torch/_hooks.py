@@ -1,10 +1,14 @@
 """The hooks that drive the engine from PyTorch's forward and backward.
 
-On the CPU the parameters are the engine's own memory: once the engine is built, every
-parameter's storage is a view of the engine buffer that holds it (``NativeEngine.views``,
-DLPack over a lease), so there is one copy of the weights and the optimizer step writes
-them in place; in stage 3 a gathered parameter views the gathered bucket the all-gather
-wrote. On a GPU torch keeps its own storage and the values are copied in (``fill``).
+The parameters are the engine's own memory: once the engine is built, every parameter
+kept whole (all of them below stage 3, stage 3's persistent ones) has storage that is a
+view of the engine buffer that holds it (``NativeEngine.views``, DLPack over a lease, on
+the CPU or the engine's GPU), so there is one copy of the weights and the optimizer step
+writes them in place. On a GPU, torch's current stream and the engine's stream are
+ordered both ways around every engine write into them (``NativeEngine.cross``: before and
+after a step, a load, an adoption of the script's own changes). In stage 3 a gathered
+parameter views the gathered bucket the all-gather wrote on the CPU; on a GPU it gets
+fresh torch storage the values are copied into (``fill``).
 
 Per module that holds parameters:
 
@@ -145,9 +149,12 @@ class Runtime:
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""
-        self.views = device.type == "cpu"
-        """Whether the parameters are views of the engine's buffers (the CPU: one copy),
-        rather than torch's own storage filled by copies (a GPU)."""
+        self.views = device.type in ("cpu", "cuda")
+        """Whether the parameters kept whole are views of the engine's buffers (one copy),
+        rather than torch's own storage filled by copies."""
+        self.gathered_views = device.type == "cpu"
+        """Whether stage 3's gathered parameters view the gathered bucket (the CPU), rather
+        than fresh torch storage the values are copied into (a GPU)."""
         self.bound: List[Param] = []
         """The parameters kept whole as views of the engine's buffers (every one below
         stage 3, the persistent ones in stage 3): checked for the script's own changes."""
@@ -351,6 +358,8 @@ class Runtime:
         if self.stage3:
             for u in order:
                 self._drop(u)
+        # Torch reads the views only after the engine's writes of them so far.
+        self.cross()
         self.ready = {u.index: False for u in order}
         if self.after_built is not None:
             try:
@@ -372,6 +381,15 @@ class Runtime:
             p.ptr = p.param.data_ptr()
             p.version = p.param._version
 
+    def cross(self) -> None:
+        """On a GPU whose parameters view the engine's buffers: the engine's stream waits for
+        what torch queued on its current stream so far, and torch's stream for what the
+        engine queued (``NativeEngine.cross``), so neither reads what the other is still
+        writing. Called before and after every engine write into the parameters; nothing
+        on the CPU."""
+        if self.views and self.device.type == "cuda" and self.native is not None:
+            self.native.cross(self.stream())
+
     def sync_user_changes(self) -> None:
         """Takes what the script wrote into whole parameters itself since the engine last
         placed them: ``load_state_dict`` or an in-place write (the version counter moved),
@@ -381,6 +399,9 @@ class Runtime:
         (``model.half()``, ``.to(...)`` after ``initialize``) is an error naming it."""
         if not self.views or self.native is None:
             return
+        # Every engine write into the parameters follows a call of this one (a step, a
+        # save, a load): torch's work on them so far comes first.
+        self.cross()
         changed = [p for p in self.bound if p.param.data_ptr() != p.ptr or p.param._version != p.version]
         if not changed:
             return
@@ -397,8 +418,9 @@ class Runtime:
                     "parameter by another shape are not supported after initialize() "
                     "(choose the dtype in the config, move the model before initialize)"
                 )
-            pairs.append((self.reg.units[p.unit].index, p.k, t.detach()))
+            pairs.append((self.reg.units[p.unit].index, p.k, t.detach().cpu()))
         self.native.adopt_params(pairs)
+        self.cross()
         for p in changed:
             if p.param.data_ptr() != p.ptr:
                 self._bind(self.reg.units[p.unit], [p])
@@ -441,7 +463,7 @@ class Runtime:
                     "change would be lost; change partitioned parameters inside "
                     "zero_torch.zero.GatheredParameters(params, modifier_rank=0)"
                 )
-        if self.views:
+        if self.gathered_views:
             self._bind(u, sharded)
         else:
             flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
@@ -522,10 +544,11 @@ class Runtime:
             self._drop(u)
 
     def write_back(self) -> None:
-        """After a step: torch's copies of the parameters the engine keeps whole get the
-        new values (all of them in stages 0-2; stage 3's persistent ones). On the CPU the
-        parameters are the engine's buffers, which the step wrote in place: nothing to do."""
+        """After an engine write (a step, a load): the parameters the engine keeps whole
+        (all of them in stages 0-2; stage 3's persistent ones) are its buffers, which it
+        wrote in place; on a GPU torch's stream then waits for those writes."""
         if self.views:
+            self.cross()
             return
         stream = self.stream()
         for u in self.order:

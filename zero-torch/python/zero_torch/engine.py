@@ -425,12 +425,14 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             info = reg.by_id[id(p)]
             u = reg.units[info.unit]
             pairs.append((u.index, info.k, p.data.detach().cpu()))
-        self._native.set_params(pairs, modifier_rank)
         rt = self._runtime
+        rt.cross()
+        self._native.set_params(pairs, modifier_rank)
+        rt.cross()
         for p in params:
             info = reg.by_id[id(p)]
             u = reg.units[info.unit]
-            if rt.views:
+            if rt.views and (not rt.stage3 or info.persistent or rt.gathered_views):
                 # The parameter is the engine's buffer, which now holds the new values.
                 info.version = p._version
             elif not rt.stage3 or info.persistent:

@@ -32,17 +32,18 @@ def _rss() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int, frozen: bool = False, offload: bool = False) -> Dict[str, Any]:
+def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int, frozen: bool = False, offload: bool = False,
+              device: str = "cpu") -> Dict[str, Any]:
     """Trains ``steps`` steps; checks after each that every parameter torch holds whole is
     a view of an engine buffer at the same address as after the first step, and, in stage
-    3, that gathered parameters view the gathered bucket during the forward; every
-    parameter starts 512-byte aligned (as torch's CUDA allocator aligns its own blocks,
-    whatever the sizes before it). Returns the
-    memory reports, losses and what went wrong."""
+    3 on the CPU, that gathered parameters view the gathered bucket during the forward
+    (on a GPU they are copies); every parameter starts 512-byte aligned (as torch's CUDA
+    allocator aligns its own blocks, whatever the sizes before it). Returns the memory
+    reports, losses and what went wrong. ``device="cuda"``: the model on the GPU."""
     import zero_torch
 
     rank, world = workers.rank_world()
-    m = models.build(model, 0)
+    m = models.build(model, 0).to(device)
     if frozen:
         for p in list(m.parameters())[:2]:
             p.requires_grad_(False)
@@ -54,7 +55,8 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
     def in_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
         ranges = engine._native.storage_ranges()
         for n, p in module.named_parameters(recurse=False):
-            if p.numel() and not _inside(p, ranges):
+            copied = device == "cuda" and stage == 3 and not engine._registry.by_id[id(p)].persistent
+            if p.numel() and not copied and not _inside(p, ranges):
                 problems.append(f"{n} of {type(module).__name__} is not in an engine buffer during the forward")
             if p.numel() and p.data_ptr() % 512:
                 problems.append(f"{n} of {type(module).__name__} starts at {p.data_ptr():#x}, not 512-byte aligned")
@@ -65,7 +67,7 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
     losses: List[float] = []
     reports: List[Dict[str, int]] = []
     for ids in models.batches(steps, global_batch, 1):
-        loss = models.loss_of(engine, models.shard(ids, rank, world))
+        loss = models.loss_of(engine, models.shard(ids, rank, world).to(device))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
@@ -142,7 +144,7 @@ def rss_growth(stage: int, dtype: str, steps: int) -> Dict[str, Any]:
     return {"growth": _rss() - before, "report": report, "numel": report["numel"]}
 
 
-def user_changes(stage: int, dtype: str, global_batch: int, save_dir: str) -> Dict[str, Any]:
+def user_changes(stage: int, dtype: str, global_batch: int, save_dir: str, device: str = "cpu") -> Dict[str, Any]:
     """The script changes parameters itself after ``initialize``: ``load_state_dict``,
     ``p.data = ...`` and an in-place write. Each is taken by the engine (master weights
     too: a checkpoint saved right after holds the new values), a replaced parameter views
@@ -151,13 +153,13 @@ def user_changes(stage: int, dtype: str, global_batch: int, save_dir: str) -> Di
     from zero_torch.checkpoint import get_fp32_state_dict_from_zero_checkpoint
 
     rank, world = workers.rank_world()
-    m = models.build("llama", 0)
+    m = models.build("llama", 0).to(device)
     engine, _, _, _ = zero_torch.initialize(model=m, config=workers.config(stage, dtype, 1, global_batch))
-    batches = models.batches(3, global_batch, 1)
+    batches = [b.to(device) for b in models.batches(3, global_batch, 1)]
     engine.backward(models.loss_of(engine, models.shard(batches[0], rank, world)))
     engine.step()
     torch.manual_seed(7)
-    other = models.build("llama", 7)
+    other = models.build("llama", 7).to(device)
     with torch.no_grad():
         for p in other.parameters():
             p.mul_(0.5)
@@ -166,7 +168,7 @@ def user_changes(stage: int, dtype: str, global_batch: int, save_dir: str) -> Di
     norm.data = torch.full_like(norm, 0.75)
     with torch.no_grad():
         m.lm_head.weight[0].fill_(0.25)
-    want = {n: p.detach().float().clone() for n, p in m.named_parameters()}
+    want = {n: p.detach().float().cpu().clone() for n, p in m.named_parameters()}
     engine.save_checkpoint(save_dir, tag="changed")
     state = get_fp32_state_dict_from_zero_checkpoint(save_dir, tag="changed")
     mismatched = [n for n, v in want.items() if not torch.equal(state[n], v)]
@@ -198,16 +200,16 @@ def bad_changes(stage: int, change: str) -> Dict[str, Any]:
     return {"raised": None}
 
 
-def outlives_engine(stage: int) -> Dict[str, Any]:
+def outlives_engine(stage: int, device: str = "cpu") -> Dict[str, Any]:
     """A parameter kept after its engine (and model) are gone keeps its values."""
     import weakref
 
     import zero_torch
 
     def train() -> Any:
-        m = models.build("llama", 0)
+        m = models.build("llama", 0).to(device)
         engine, _, _, _ = zero_torch.initialize(model=m, config=workers.config(stage, "fp32", 1, 2))
-        engine.backward(models.loss_of(engine, models.batches(1, 2, 1)[0]))
+        engine.backward(models.loss_of(engine, models.batches(1, 2, 1)[0].to(device)))
         engine.step()
         kept = m.lm_head.weight
         engine.destroy()  # DeepSpeed's teardown: the hooks go, nothing refers to the engine
@@ -215,7 +217,7 @@ def outlives_engine(stage: int) -> Dict[str, Any]:
 
     kept, values, gone = train()
     gc.collect()
-    junk = [torch.randn(1 << 16) for _ in range(64)]  # reuse of freed memory would show
+    junk = [torch.randn(1 << 16, device=device) for _ in range(64)]  # reuse of freed memory would show
     del junk
     return {"equal": bool(torch.equal(kept.detach(), values)), "numel": kept.numel(), "engine_alive": gone() is not None}
 

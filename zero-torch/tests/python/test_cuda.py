@@ -18,6 +18,10 @@ one gives, and the choice of device, are tested everywhere.
 - A script's own ``all_reduce`` on torch's NCCL group beside stage 3's ``overlap_comm``
   neither hangs nor changes the bits.
 - The memory report's device categories match what the driver's memory pool holds.
+- One copy of the parameters (issue 35): every parameter kept whole is a view of the
+  engine's device buffer (DLPack over a lease) at a fixed address, torch holds no
+  parameter storage of its own at rest, a script's own changes are taken, and a
+  parameter kept after its engine keeps its values.
 """
 
 from __future__ import annotations
@@ -232,3 +236,43 @@ def test_the_memory_report_matches_the_device(stage: int) -> None:
           f"categories {mem['device_total'] / mib:.1f} MiB ({ {k: round(v / mib, 1) for k, v in mem.items() if v} })")
     assert mem["device_total"] > 0
     assert mem["device_total"] <= mem["allocator_used"] <= 1.05 * mem["device_total"] + mib, mem
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_parameters_are_the_engines_gpu_buffers(stage: int, dtype: str) -> None:
+    """Every parameter kept whole (all below stage 3, stage 3's persistent ones) lies in an
+    engine buffer on the GPU after every step, at the address of the first step (the step
+    wrote it in place: no copy), 512-byte aligned; the memory report counts no parameter
+    storage of torch's own at rest, and fp32 parameters are their own master weights."""
+    r = one_rank("one_copy_workers.placement", model="llama", stage=stage, dtype=dtype, steps=3,
+                 global_batch=BATCH, device="cuda")
+    assert r["problems"] == [], r["problems"][:5]
+    for rep in r["reports"]:
+        assert rep["torch_params"] == 0, f"torch holds parameter storage of its own: {rep}"
+    if dtype == "fp32":
+        assert r["reports"][-1]["master"] == 0, r["reports"][-1]
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_scripts_own_changes_to_gpu_parameters_are_taken(tmp_path: Any, stage: int) -> None:
+    """``load_state_dict``, ``p.data = ...`` and an in-place write into parameters that
+    view the engine's GPU buffers: each is taken (a checkpoint saved right after holds the
+    new values), the replaced parameter views the engine again, and training goes on."""
+    r = one_rank("one_copy_workers.user_changes", stage=stage, dtype="bf16", global_batch=BATCH,
+                 save_dir=str(tmp_path), device="cuda")
+    assert r["mismatched"] == [], r["mismatched"]
+    assert r["outside"] == [], r["outside"]
+    assert r["trained"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_gpu_parameter_outlives_its_engine(stage: int) -> None:
+    """A CUDA parameter kept after its engine is gone keeps its values (the lease keeps the
+    device memory; it is freed after a device-wide wait once the tensor goes)."""
+    r = one_rank("one_copy_workers.outlives_engine", stage=stage, device="cuda")
+    assert not r["engine_alive"], "the engine was freed"
+    assert r["equal"] and r["numel"] > 0

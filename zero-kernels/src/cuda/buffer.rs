@@ -147,7 +147,11 @@ impl Drop for GpuBuffer {
             }
         }
         if let Some(lent) = self.lent.take() {
-            lent.keep(self.data.take());
+            // Leases are clones of this `Arc`, made only through the buffer being dropped:
+            // with none left the allocation is freed here, on its stream, as any other.
+            if Arc::strong_count(&lent) > 1 {
+                lent.keep(self.data.take());
+            }
         }
     }
 }

@@ -255,3 +255,100 @@ fn gpu_engine_steps_write_the_leased_parameters_in_place() {
         }
     }
 }
+
+/// Stage 3 on a GPU with zero-torch's gathered views: after each fetch a module's
+/// parameters are read through leases on the gathered bucket on another stream (torch's,
+/// ordered by a crossing), the leases go, the engine's stream waits for that stream, and
+/// only then is the module released (its bucket freed or kept). Between training steps,
+/// two ranks, fp32 and bf16: the values read are the module's own, and the stand-in sees
+/// no read after a free.
+#[test]
+fn gpu_stage_3_gathered_buckets_are_read_through_leases_before_their_release() {
+    use zero_kernels::cuda::{ForeignSlice, GpuBuffer};
+    let Some(g) = gpu_or_skip("leased gathered buckets") else {
+        return;
+    };
+    let seed = seed("engine_gpu gathered leases");
+    let world = 2;
+    let data = dataset(seed, STEPS * world * MICRO);
+    for precision in ["fp32", "bf16"] {
+        let cfg = config(3, precision, 1, 0.0);
+        let comms =
+            DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("device group");
+        let problems = run_ranks_on(
+            comms,
+            || CudaDevice::new().expect("device"),
+            &cfg,
+            seed,
+            |e| {
+                let ours = e.device().stream().cuda().clone();
+                let theirs = g.new_stream().expect("a stream");
+                let engine = theirs
+                    .borrow_foreign(ours.cu_stream() as usize as u64)
+                    .expect("the engine's stream");
+                let side = g.new_stream().expect("a stream");
+                let elsewhere = theirs
+                    .borrow_foreign(side.cuda().cu_stream() as usize as u64)
+                    .expect("a third stream");
+                let torch = e
+                    .device()
+                    .stream()
+                    .borrow_foreign(theirs.cuda().cu_stream() as usize as u64)
+                    .expect("torch's stream");
+                let dtype = e.dtype();
+                let mut problems = Vec::new();
+                for s in 0..3 {
+                    train_step(e, &data, s, None).expect("step");
+                    for m in 0..e.modules().len() {
+                        e.fetch(m).expect("fetch");
+                        let want = e.params_f32(m).expect("params");
+                        let mut reads = Vec::new();
+                        // What Runtime.gather does: torch waits for the all-gather.
+                        theirs.crossing(&engine, |_| Ok(())).expect("crossing");
+                        for (k, want) in want.iter().enumerate() {
+                            let (buf, range) = e.param_buffer(m, k).expect("a parameter");
+                            let lease = buf.lease();
+                            let n = range.len();
+                            let view = ForeignSlice {
+                                addr: lease.addr() + (range.start * dtype.size_of()) as u64,
+                                len: n,
+                                dtype,
+                            };
+                            let mut out = GpuBuffer::zeros(theirs.cuda(), dtype, n).expect("alloc");
+                            // Torch's kernel reads the view, unknown to the engine (the
+                            // copy's crossing orders it with a third stream only).
+                            theirs
+                                .crossing(&elsewhere, |s| s.copy_from_foreign(&view, &mut out, 0))
+                                .expect("a read through the lease");
+                            drop(lease);
+                            reads.push((k, out, want.clone()));
+                        }
+                        // What Runtime.scatter does: the engine waits for torch's reads.
+                        e.device()
+                            .stream()
+                            .crossing(&torch, |_| Ok(()))
+                            .expect("crossing");
+                        e.release(m).expect("release");
+                        // Torch's reads are checked only now, after the release was queued.
+                        for (k, out, want) in reads.drain(..) {
+                            let got = theirs.download_f32(&out, 0..want.len()).expect("download");
+                            if zero_kernels::testing::canonical_bits(&got)
+                                != zero_kernels::testing::canonical_bits(&want)
+                            {
+                                problems.push(format!("step {s} module {m} parameter {k}"));
+                            }
+                        }
+                    }
+                    e.abandon_pass().expect("abandon");
+                }
+                problems
+            },
+        );
+        for (rank, p) in problems.iter().enumerate() {
+            assert!(
+                p.is_empty(),
+                "{precision} rank {rank}: {p:?} differ (seed {seed})"
+            );
+        }
+    }
+}

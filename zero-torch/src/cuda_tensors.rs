@@ -1,9 +1,9 @@
-//! Moving values between PyTorch's CUDA tensors and the GPU engine's buffers: device copies
+//! Moving gradients from PyTorch's CUDA tensors into the GPU engine's buffers: device copies
 //! queued on the engine's stream, ordered with torch's current stream by events in both
 //! directions (`GpuStream::crossing`): the engine waits for what torch queued so far (the
-//! gradient was produced there, the parameter's storage was just allocated there), and
-//! torch's stream waits for the copies, so torch neither reads a parameter nor reuses a
-//! gradient's memory before they ran. Nothing waits on the host.
+//! gradient was produced there), and torch's stream waits for the copies, so torch does not
+//! reuse a gradient's memory before they ran. Nothing waits on the host. (The parameters
+//! need no copies: they view the engine's buffers, `views.rs`.)
 
 use crate::errors::{device_to_py, to_py};
 use crate::start::CudaEngine;
@@ -37,47 +37,6 @@ fn slice_of<'py>(
         dtype,
     };
     Ok((mem, slice))
-}
-
-/// Copies module `m`'s parameters (in registration order) into `tensors`.
-pub fn fill(e: &CudaEngine, m: usize, tensors: &[Bound<'_, PyAny>], handle: u64) -> PyResult<()> {
-    let st = e.device().stream();
-    let dtype = e.dtype();
-    let count = e.modules().get(m).map_or(0, |s| s.params.len());
-    if count != tensors.len() {
-        return Err(PyValueError::new_err(format!(
-            "module {m} has {count} parameters, {} tensors were given",
-            tensors.len()
-        )));
-    }
-    let mut jobs = Vec::with_capacity(count);
-    for (k, t) in tensors.iter().enumerate() {
-        let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
-        let (mem, dst) = slice_of(t, dtype, st, "the parameter tensor")?;
-        jobs.push((buf, range, mem, dst));
-    }
-    let owner = st.borrow_foreign(handle).map_err(device_to_py)?;
-    st.crossing(&owner, |s| {
-        jobs.iter()
-            .try_for_each(|(buf, range, _, dst)| s.copy_to_foreign(buf, range.clone(), dst))
-    })
-    .map_err(device_to_py)
-}
-
-/// Copies parameter `k` of module `m` into `tensor`.
-pub fn fill_param(
-    e: &CudaEngine,
-    m: usize,
-    k: usize,
-    tensor: &Bound<'_, PyAny>,
-    handle: u64,
-) -> PyResult<()> {
-    let st = e.device().stream();
-    let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
-    let (_mem, dst) = slice_of(tensor, e.dtype(), st, "the parameter tensor")?;
-    let owner = st.borrow_foreign(handle).map_err(device_to_py)?;
-    st.crossing(&owner, |s| s.copy_to_foreign(buf, range, &dst))
-        .map_err(device_to_py)
 }
 
 /// Puts the gradient of trainable parameter `k` of module `m` into the engine: copied on

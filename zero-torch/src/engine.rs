@@ -224,32 +224,6 @@ impl NativeEngine {
         held!(self, e => e.param_persistent(m, k)).map_err(to_py)
     }
 
-    /// Copies module `m`'s parameters (in registration order) into `tensors`, each of the
-    /// engine's dtype and its parameter's length, on the engine's device (`stream`: torch's
-    /// current stream on the GPU).
-    #[pyo3(signature = (m, tensors, stream=None))]
-    fn fill(&self, m: usize, tensors: Vec<Bound<'_, PyAny>>, stream: Option<u64>) -> PyResult<()> {
-        let guard = self.lock()?;
-        let e = match &*guard {
-            Inner::Cuda(e) => return cuda_tensors::fill(e, m, &tensors, torch_stream(stream)?),
-            Inner::Host(e) => e,
-        };
-        with_host_type!(self.dtype, T => {
-            let params = e.params::<T>(m).map_err(to_py)?;
-            if params.len() != tensors.len() {
-                return Err(PyValueError::new_err(format!(
-                    "module {m} has {} parameters, {} tensors were given",
-                    params.len(),
-                    tensors.len()
-                )));
-            }
-            for (p, t) in params.iter().zip(&tensors) {
-                write::<T>(t, p)?;
-            }
-            Ok(())
-        })
-    }
-
     /// Tensors over the engine's own memory for parameters `ks` of module `m`: one DLPack
     /// capsule each, shaped like its parameter, on the engine's device (`cuda:N` on a GPU),
     /// for `torch.from_dlpack`. The capsule leases the buffer, so the tensor stays valid
@@ -303,33 +277,6 @@ impl NativeEngine {
         let mut guard = self.lock()?;
         let values = views::adopted(&guard, &params)?;
         with_engine!(&mut *guard, e => e.adopt_params(&values)).map_err(to_py)
-    }
-
-    /// Copies parameter `k` of module `m` into `tensor` (of the engine's dtype and the
-    /// parameter's length): for parameters that stay whole (stage 3's persistent ones)
-    /// while the rest of their module is not gathered.
-    #[pyo3(signature = (m, k, tensor, stream=None))]
-    fn fill_param(
-        &self,
-        m: usize,
-        k: usize,
-        tensor: Bound<'_, PyAny>,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        let guard = self.lock()?;
-        let e = match &*guard {
-            Inner::Cuda(e) => {
-                return cuda_tensors::fill_param(e, m, k, &tensor, torch_stream(stream)?)
-            }
-            Inner::Host(e) => e,
-        };
-        let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
-        with_host_type!(self.dtype, T => {
-            let all = buf.as_slice::<T>().ok_or_else(|| {
-                ZeroError::new_err("the engine's parameter buffer has another dtype")
-            })?;
-            write::<T>(&tensor, &all[range])
-        })
     }
 
     /// Puts the gradient of trainable parameter `k` of module `m` (counting trainable

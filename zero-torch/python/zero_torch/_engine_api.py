@@ -221,10 +221,7 @@ class DeepSpeedEngineAPI:
         ``empty_partition_cache``); a collective-free release, safe between steps."""
         rt = self._runtime  # type: ignore[attr-defined]
         if rt.native is not None and rt.stage3 and not rt.in_backward:
-            rt.native.abandon_pass()
-            for u in rt.order:
-                if rt.filled.get(u.index):
-                    rt._drop(u)
+            rt.abandon()
             rt.refs.clear()
 
     def compile(self, *args: Any, **kwargs: Any) -> None:

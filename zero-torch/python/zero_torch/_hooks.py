@@ -4,17 +4,17 @@ The parameters are the engine's own memory: once the engine is built, every para
 kept whole (all of them below stage 3, stage 3's persistent ones) has storage that is a
 view of the engine buffer that holds it (``NativeEngine.views``, DLPack over a lease, on
 the CPU or the engine's GPU), so there is one copy of the weights and the optimizer step
-writes them in place. On a GPU, torch's current stream and the engine's stream are
-ordered both ways around every engine write into them (``NativeEngine.cross``: before and
-after a step, a load, an adoption of the script's own changes). In stage 3 a gathered
-parameter views the gathered bucket the all-gather wrote on the CPU; on a GPU it gets
-fresh torch storage the values are copied into (``fill``).
+writes them in place; in stage 3 a gathered parameter views the gathered bucket the
+all-gather wrote, and is dropped before the engine frees it. On a GPU, torch's current
+stream and the engine's stream are ordered both ways (``NativeEngine.cross``) before every
+engine write into the parameters or free of a gathered bucket (a step, a load, an
+adoption of the script's own changes, a release) and after every engine write torch then
+reads (a step, a load, a gather).
 
 Per module that holds parameters:
 
 - forward pre-hook: the units it uses are gathered (stage 3: ``fetch``, then the
-  parameters pointed at the gathered bucket, or on a GPU the values copied into freshly
-  allocated parameter storage);
+  parameters pointed at the gathered bucket);
 - forward hook: they are released (stage 3: ``release``, the storage dropped) and, when a
   backward can follow, every output that needs a gradient gets a tensor hook: autograd
   calls it with the output's gradient, just before the module's own backward runs, and it
@@ -91,8 +91,6 @@ def backward_owner() -> Any:
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 """The engine's dtype names as torch dtypes."""
 
-_ALIGN_BYTES = 512
-
 
 class _SavedView:
     """A saved tensor that viewed a gathered parameter: the parameter and the view's
@@ -105,19 +103,14 @@ class _SavedView:
         self.shape = shape
         self.stride = stride
         self.offset = offset
-"""Each gathered parameter starts a multiple of this many bytes into its unit's one
-allocation (torch's CUDA allocator rounds its blocks to 512 bytes, and the engine's flat
-layout starts tensors as far apart), so torch's kernels (cuBLAS picks its kernels by
-alignment) see parameters as aligned as their own allocations would be, and compute the
-same bits in every stage."""
 
 
 def _used_on_current_stream(t: torch.Tensor) -> None:
-    """A CUDA tensor an engine crossing is about to read or write: its memory must not go
-    to another tensor before the crossing ran. Every crossing makes torch's current stream
-    wait for the engine's copies, which covers memory allocated on the current stream; a
-    tensor allocated on another stream (a gradient autograd made on the forward's side
-    stream, a parameter made before the script switched streams) is recorded on the
+    """A CUDA tensor (a gradient) an engine crossing is about to read: its memory must not
+    go to another tensor before the crossing ran. Every crossing makes torch's current
+    stream wait for the engine's copies, which covers memory allocated on the current
+    stream; a tensor allocated on another stream (a gradient autograd made on the forward's
+    side stream) is recorded on the
     current stream, so the caching allocator reuses it only after the work queued there,
     the wait included (``Tensor.record_stream``; a no-op for the allocation stream)."""
     if t.is_cuda:
@@ -149,12 +142,6 @@ class Runtime:
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""
-        self.views = device.type in ("cpu", "cuda")
-        """Whether the parameters kept whole are views of the engine's buffers (one copy),
-        rather than torch's own storage filled by copies."""
-        self.gathered_views = device.type == "cpu"
-        """Whether stage 3's gathered parameters view the gathered bucket (the CPU), rather
-        than fresh torch storage the values are copied into (a GPU)."""
         self.bound: List[Param] = []
         """The parameters kept whole as views of the engine's buffers (every one below
         stage 3, the persistent ones in stage 3): checked for the script's own changes."""
@@ -218,9 +205,6 @@ class Runtime:
         self.failed: Optional[BaseException] = None
         """Why filling the built engine failed: it is unusable (nothing trains on partly
         filled parameters)."""
-        self.broken_values: Dict[int, str] = {}
-        """Units whose torch copies a crossing from the engine left half written, with what
-        failed: refused until a fill succeeds (stage 3 fills again at its next gather)."""
         self.broken_grads: Dict[int, str] = {}
         """Units whose gradients a crossing into the engine left half added: the step is
         refused, naming them (the backward that failed also leaves the engine unusable:
@@ -343,18 +327,10 @@ class Runtime:
         for u in order:
             for p in u.params:
                 p.persistent = self.native.param_persistent(u.index, p.k)
-            if self.views:
-                whole = [p for p in u.params if p.persistent]
-                self._bind(u, whole)
-                self.bound.extend(whole)
+            whole = [p for p in u.params if p.persistent]
+            self._bind(u, whole)
+            self.bound.extend(whole)
             u.sharded = [p for p in u.params if not p.persistent]
-            u.sharded_offsets = []
-            at = 0
-            for p in u.sharded:
-                u.sharded_offsets.append(at)
-                align = _ALIGN_BYTES // p.param.element_size()
-                at += -(-p.numel // align) * align
-            u.sharded_numel = at
         if self.stage3:
             for u in order:
                 self._drop(u)
@@ -372,7 +348,7 @@ class Runtime:
 
     def _bind(self, u: Unit, params: List[Param]) -> None:
         """Points each of ``params`` (of unit ``u``) at the engine buffer that holds it now:
-        its storage becomes a view of the engine's memory (CPU)."""
+        its storage becomes a view of the engine's memory."""
         if not params:
             return
         capsules = self.native.views(u.index, [p.k for p in params])
@@ -382,12 +358,12 @@ class Runtime:
             p.version = p.param._version
 
     def cross(self) -> None:
-        """On a GPU whose parameters view the engine's buffers: the engine's stream waits for
-        what torch queued on its current stream so far, and torch's stream for what the
-        engine queued (``NativeEngine.cross``), so neither reads what the other is still
-        writing. Called before and after every engine write into the parameters; nothing
-        on the CPU."""
-        if self.views and self.device.type == "cuda" and self.native is not None:
+        """On a GPU: the engine's stream waits for what torch queued on its current stream so
+        far, and torch's stream for what the engine queued (``NativeEngine.cross``), so
+        neither reads memory the other is still writing, nor the engine frees what torch
+        still reads. Called before every engine write into the parameters and every free of
+        a gathered bucket, and after every engine write torch reads; nothing on the CPU."""
+        if self.device.type == "cuda" and self.native is not None:
             self.native.cross(self.stream())
 
     def sync_user_changes(self) -> None:
@@ -397,7 +373,7 @@ class Runtime:
         this rank, fp32 master weights included, and a replaced parameter views the
         engine's buffer again. A parameter whose dtype, device or shape changed
         (``model.half()``, ``.to(...)`` after ``initialize``) is an error naming it."""
-        if not self.views or self.native is None:
+        if self.native is None:
             return
         # Every engine write into the parameters follows a call of this one (a step, a
         # save, a load): torch's work on them so far comes first.
@@ -430,7 +406,7 @@ class Runtime:
     def torch_bytes(self) -> Tuple[int, int]:
         """Bytes torch holds for the model outside the engine: parameter storage that is not
         a view of an engine buffer, and the ``.grad`` tensors alive (each storage once)."""
-        ranges = self.native.storage_ranges() if self.views and self.native is not None else []
+        ranges = self.native.storage_ranges() if self.native is not None else []
         seen: set = set()
         params = grads = 0
         for p in self.model.parameters():
@@ -450,9 +426,7 @@ class Runtime:
         return params, grads
 
     def _fill(self, u: Unit) -> None:
-        """Stage 3: the unit's sharded parameters hold the gathered values: on the CPU they
-        view the gathered bucket; on a GPU they get fresh storage (one allocation for the
-        unit) the values are copied into."""
+        """Stage 3: the unit's sharded parameters view the gathered bucket (fetched)."""
         sharded = u.sharded
         if not sharded:
             return
@@ -463,19 +437,7 @@ class Runtime:
                     "change would be lost; change partitioned parameters inside "
                     "zero_torch.zero.GatheredParameters(params, modifier_rank=0)"
                 )
-        if self.gathered_views:
-            self._bind(u, sharded)
-        else:
-            flat = torch.empty(u.sharded_numel, dtype=sharded[0].param.dtype, device=self.device)
-            for p, at in zip(sharded, u.sharded_offsets):
-                p.param.data = flat[at:at + p.numel].view(p.shape)
-            try:
-                self._values_crossing(u, "filling its gathered parameters",
-                                      lambda: self.native.fill(u.index, [p.param.data for p in u.params], self.stream()))
-            except BaseException:
-                self.filled[u.index] = True  # (so _drop gives the half-written storage back)
-                self._drop(u)
-                raise
+        self._bind(u, sharded)
         for p in sharded:
             # The parameter itself, not `.data` (a new tensor object per read): stage 3
             # fills and drops every unit twice a step (issue 31).
@@ -502,24 +464,6 @@ class Runtime:
             p.param.data = empty
         self.filled[u.index] = False
 
-    def _values_crossing(self, u: Unit, what: str, call: Callable[[], None]) -> None:
-        """Runs ``call``, a copy from the engine into unit ``u``'s torch tensors: a failure
-        marks the unit's values broken (half written), a success whole again."""
-        try:
-            call()
-        except BaseException as e:
-            self.broken_values[u.index] = f"{what} failed: {type(e).__name__}: {e}"
-            raise
-        self.broken_values.pop(u.index, None)
-
-    def _check_values(self, u: Unit) -> None:
-        broken = self.broken_values.get(u.index)
-        if broken is not None:
-            raise ZeroError(
-                f"the parameters of {u.name or 'the root module'} are half written and cannot be "
-                f"used: {broken}"
-            )
-
     def check_grads(self) -> None:
         """Refuses a step over gradients a failed crossing left half added."""
         if self.broken_grads:
@@ -535,35 +479,33 @@ class Runtime:
         self.native.fetch(u.index)
         if self.stage3 and not self.filled[u.index]:
             self._fill(u)
-        self._check_values(u)
+            # Torch reads the gathered values only after the all-gather wrote them.
+            self.cross()
 
     def scatter(self, u: Unit) -> None:
-        """The unit is done for now (stage 3 frees it)."""
-        self.native.release(u.index)
+        """The unit is done for now (stage 3 frees it): its parameters stop viewing the
+        bucket first, and the engine frees it only after torch's work so far."""
         if self.stage3:
             self._drop(u)
+            self.cross()
+        self.native.release(u.index)
+
+    def abandon(self) -> None:
+        """Frees everything gathered (the engine's ``abandon_pass``): stage 3's gathered
+        parameters are dropped first, and the engine frees the buckets only after torch's
+        work so far."""
+        if self.stage3:
+            for u in self.order:
+                if self.filled.get(u.index):
+                    self._drop(u)
+            self.cross()
+        self.native.abandon_pass()
 
     def write_back(self) -> None:
         """After an engine write (a step, a load): the parameters the engine keeps whole
         (all of them in stages 0-2; stage 3's persistent ones) are its buffers, which it
         wrote in place; on a GPU torch's stream then waits for those writes."""
-        if self.views:
-            self.cross()
-            return
-        stream = self.stream()
-        for u in self.order:
-            if self.stage3:
-                def fill(u: Unit = u) -> None:
-                    for p in u.params:
-                        if p.persistent:
-                            _used_on_current_stream(p.param.data)
-                            self.native.fill_param(u.index, p.k, p.param.data, stream)
-            else:
-                def fill(u: Unit = u) -> None:
-                    for p in u.params:
-                        _used_on_current_stream(p.param.data)
-                    self.native.fill(u.index, [p.param.data for p in u.params], stream)
-            self._values_crossing(u, "writing the step's values into its parameters", fill)
+        self.cross()
 
     # ---- forward ------------------------------------------------------------------
 
@@ -615,11 +557,7 @@ class Runtime:
         if self.native is not None and not self.backward_ran:
             # The last forward had no backward: what it gathered is freed, and it does
             # not count as a pass.
-            self.native.abandon_pass()
-            if self.stage3:
-                for u in self.order:
-                    if self.filled.get(u.index):
-                        self._drop(u)
+            self.abandon()
             self.refs.clear()
         self.backward_ran = False
         if self.stage3 and self.native is not None and torch.is_grad_enabled():
@@ -656,7 +594,7 @@ class Runtime:
             else:
                 self.first_uses.clear()
         if not torch.is_grad_enabled():
-            self.native.abandon_pass()
+            self.abandon()
             self.backward_ran = True
             self.refs.clear()
 
@@ -811,10 +749,7 @@ class Runtime:
             # Another engine's backward went through these modules: what it gathered is
             # freed, and it is no pass of this engine's.
             try:
-                self.native.abandon_pass()
-                for u in self.order:
-                    if self.stage3 and self.filled.get(u.index):
-                        self._drop(u)
+                self.abandon()
             finally:
                 self.ready = {u.index: False for u in self.order}
                 self.refs.clear()

@@ -51,10 +51,6 @@ class Unit:
     """Its engine module index (set once the order is known)."""
     sharded: List["Param"] = field(default_factory=list)
     """Its parameters stage 3 partitions (set once the engine exists)."""
-    sharded_numel: int = 0
-    """Elements of the one allocation that holds them when gathered (each aligned)."""
-    sharded_offsets: List[int] = field(default_factory=list)
-    """Where each of them starts in that allocation."""
 
     @property
     def trainable(self) -> List[Param]:

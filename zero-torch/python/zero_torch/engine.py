@@ -430,15 +430,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         self._native.set_params(pairs, modifier_rank)
         rt.cross()
         for p in params:
-            info = reg.by_id[id(p)]
-            u = reg.units[info.unit]
-            if rt.views and (not rt.stage3 or info.persistent or rt.gathered_views):
-                # The parameter is the engine's buffer, which now holds the new values.
-                info.version = p._version
-            elif not rt.stage3 or info.persistent:
-                self._native.fill_param(u.index, info.k, p.data, rt.stream())
-            elif rt.filled.get(u.index):
-                rt._fill(u)
+            # The parameter is the engine's buffer (stage 3: the gathered one), which now
+            # holds the new values.
+            reg.by_id[id(p)].version = p._version
 
     def __getattr__(self, name: str) -> Any:
         # Anything else is the model's (as DeepSpeed's engine falls through to it); a

@@ -113,7 +113,7 @@ class GatheredParameters:
         for u in sorted(self._units, key=lambda u: u.index):
             if rt.stage3 and rt.filled.get(u.index):
                 rt.scatter(u)
-        rt.native.abandon_pass()
+        rt.abandon()
 
     def _exit_before_engine(self, raised: bool) -> None:
         """The exit of a block no engine owns: rank ``modifier_rank``'s values broadcast

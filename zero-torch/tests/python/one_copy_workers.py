@@ -36,8 +36,7 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
               device: str = "cpu") -> Dict[str, Any]:
     """Trains ``steps`` steps; checks after each that every parameter torch holds whole is
     a view of an engine buffer at the same address as after the first step, and, in stage
-    3 on the CPU, that gathered parameters view the gathered bucket during the forward
-    (on a GPU they are copies); every parameter starts 512-byte aligned (as torch's CUDA
+    3, that gathered parameters view the gathered bucket during the forward; every parameter starts 512-byte aligned (as torch's CUDA
     allocator aligns its own blocks, whatever the sizes before it). Returns the memory
     reports, losses and what went wrong. ``device="cuda"``: the model on the GPU."""
     import zero_torch
@@ -55,8 +54,7 @@ def placement(model: str, stage: int, dtype: str, steps: int, global_batch: int,
     def in_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
         ranges = engine._native.storage_ranges()
         for n, p in module.named_parameters(recurse=False):
-            copied = device == "cuda" and stage == 3 and not engine._registry.by_id[id(p)].persistent
-            if p.numel() and not copied and not _inside(p, ranges):
+            if p.numel() and not _inside(p, ranges):
                 problems.append(f"{n} of {type(module).__name__} is not in an engine buffer during the forward")
             if p.numel() and p.data_ptr() % 512:
                 problems.append(f"{n} of {type(module).__name__} starts at {p.data_ptr():#x}, not 512-byte aligned")

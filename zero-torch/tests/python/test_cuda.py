@@ -18,10 +18,10 @@ one gives, and the choice of device, are tested everywhere.
 - A script's own ``all_reduce`` on torch's NCCL group beside stage 3's ``overlap_comm``
   neither hangs nor changes the bits.
 - The memory report's device categories match what the driver's memory pool holds.
-- One copy of the parameters (issue 35): every parameter kept whole is a view of the
-  engine's device buffer (DLPack over a lease) at a fixed address, torch holds no
-  parameter storage of its own at rest, a script's own changes are taken, and a
-  parameter kept after its engine keeps its values.
+- One copy of the parameters (issue 35): every parameter is a view of the engine's
+  device buffer (DLPack over a lease; stage 3's gathered ones of the gathered bucket),
+  kept whole at a fixed address, torch holds no parameter storage of its own, a script's
+  own changes are taken, and a parameter kept after its engine keeps its values.
 """
 
 from __future__ import annotations
@@ -244,12 +244,14 @@ def test_the_memory_report_matches_the_device(stage: int) -> None:
 def test_parameters_are_the_engines_gpu_buffers(stage: int, dtype: str) -> None:
     """Every parameter kept whole (all below stage 3, stage 3's persistent ones) lies in an
     engine buffer on the GPU after every step, at the address of the first step (the step
-    wrote it in place: no copy), 512-byte aligned; the memory report counts no parameter
-    storage of torch's own at rest, and fp32 parameters are their own master weights."""
+    wrote it in place: no copy), 512-byte aligned; in stage 3 every gathered parameter lies
+    in the gathered bucket during its module's forward; the memory report counts no
+    parameter storage of torch's own, at rest or during the forward, and fp32 parameters
+    are their own master weights."""
     r = one_rank("one_copy_workers.placement", model="llama", stage=stage, dtype=dtype, steps=3,
                  global_batch=BATCH, device="cuda")
     assert r["problems"] == [], r["problems"][:5]
-    for rep in r["reports"]:
+    for rep in r["reports"] + r["during"]:
         assert rep["torch_params"] == 0, f"torch holds parameter storage of its own: {rep}"
     if dtype == "fp32":
         assert r["reports"][-1]["master"] == 0, r["reports"][-1]

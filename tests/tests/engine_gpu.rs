@@ -13,10 +13,13 @@
 //!
 //! Without a GPU (or, for the NCCL test, without libnccl) each test prints a visible skip.
 
+use std::ops::Range;
 use std::time::Duration;
 use zero_comm::nccl::{LaunchEnv, NcclComm};
-use zero_comm::{Communicator, DeviceGroup, HostGroup};
+use zero_comm::{Communicator, DeviceComm, DeviceGroup, HostGroup};
+use zero_kernels::cuda::{ForeignSlice, ForeignStream, GpuBuffer, GpuLease, GpuStream};
 use zero_kernels::testing::gpu_or_skip;
+use zero_kernels::DType;
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
 use zero_tests::{dataset, full_params, mlp_config, run_ranks_on, seed, train_step, MICRO_BATCH};
 
@@ -32,20 +35,58 @@ type Params = Vec<Vec<Vec<f32>>>;
 /// Trains on `world` ranks; returns every rank's final parameters.
 fn train(on_gpu: bool, world: usize, cfg: &str, seed: u64, accum: usize) -> Vec<Params> {
     let data = dataset(seed, STEPS * world * MICRO * accum);
-    let timeout = Duration::from_secs(60);
     if on_gpu {
-        let comms = DeviceGroup::with_timeout(world, timeout).expect("device group");
-        run_ranks_on(
-            comms,
-            || CudaDevice::new().expect("device"),
-            cfg,
-            seed,
-            |e| run(e, &data),
-        )
+        on_gpu_ranks(world, cfg, seed, |e| run(e, &data))
     } else {
-        let comms = HostGroup::with_timeout(world, timeout).expect("host group");
+        let comms = HostGroup::with_timeout(world, Duration::from_secs(60)).expect("host group");
         run_ranks_on(comms, || HostDevice, cfg, seed, |e| run(e, &data))
     }
+}
+
+/// Runs `f` on an engine per rank of a `world`-rank group on the GPU (ranks as threads
+/// sharing it); returns the ranks' results in order.
+fn on_gpu_ranks<R: Send>(
+    world: usize,
+    cfg: &str,
+    seed: u64,
+    f: impl Fn(&mut Engine<DeviceComm, CudaDevice>) -> R + Sync,
+) -> Vec<R> {
+    let comms = DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("device group");
+    run_ranks_on(comms, || CudaDevice::new().expect("device"), cfg, seed, f)
+}
+
+/// `stream` as `reader` borrows it: by its raw handle, as torch passes its own.
+fn borrow(reader: &GpuStream, stream: &GpuStream) -> ForeignStream {
+    reader
+        .borrow_foreign(stream.cuda().cu_stream() as usize as u64)
+        .expect("a stream of the same GPU")
+}
+
+/// Queues on `reader`, in a crossing with `with`, a copy of elements `range` (of `dtype`)
+/// of the memory `lease` shares into a new buffer: what a torch kernel reading a
+/// parameter that views the engine's buffer does. Download it to see what was read.
+fn read_through(
+    reader: &GpuStream,
+    with: &ForeignStream,
+    lease: &GpuLease,
+    range: Range<usize>,
+    dtype: DType,
+) -> GpuBuffer {
+    let view = ForeignSlice {
+        addr: lease.addr() + (range.start * dtype.size_of()) as u64,
+        len: range.len(),
+        dtype,
+    };
+    let mut out = GpuBuffer::zeros(reader.cuda(), dtype, range.len()).expect("alloc");
+    reader
+        .crossing(with, |s| s.copy_from_foreign(&view, &mut out, 0))
+        .expect("a read through the lease");
+    out
+}
+
+/// Whether `got` holds `want`'s bits (any NaN equal to any NaN).
+fn same_bits(got: &[f32], want: &[f32]) -> bool {
+    zero_kernels::testing::canonical_bits(got) == zero_kernels::testing::canonical_bits(want)
 }
 
 fn run<C: Communicator, D: Device<Buffer = C::Buffer>>(
@@ -183,7 +224,6 @@ fn nccl_engine_at_world_one_gives_the_host_engines_bits() {
 /// is still the leased one.
 #[test]
 fn gpu_engine_steps_write_the_leased_parameters_in_place() {
-    use zero_kernels::cuda::{ForeignSlice, GpuBuffer};
     let Some(g) = gpu_or_skip("leased parameters") else {
         return;
     };
@@ -193,59 +233,38 @@ fn gpu_engine_steps_write_the_leased_parameters_in_place() {
     for stage in 0..=2 {
         for precision in ["fp32", "bf16"] {
             let cfg = config(stage, precision, 1, 0.0);
-            let comms =
-                DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("device group");
-            let problems = run_ranks_on(
-                comms,
-                || CudaDevice::new().expect("device"),
-                &cfg,
-                seed,
-                |e| {
-                    let ours = e.device().stream().cuda().clone();
-                    let addr = |b: &GpuBuffer| b.read_addr(&ours).0;
-                    let mut leased = Vec::new();
-                    for m in 0..e.modules().len() {
-                        for k in 0..e.modules()[m].params.len() {
-                            let (buf, range) = e.param_buffer(m, k).expect("a parameter");
-                            leased.push((m, k, buf.lease(), range));
-                        }
+            let problems = on_gpu_ranks(world, &cfg, seed, |e| {
+                let ours = e.device().stream().cuda().clone();
+                let addr = |b: &GpuBuffer| b.read_addr(&ours).0;
+                let mut leased = Vec::new();
+                for m in 0..e.modules().len() {
+                    for k in 0..e.modules()[m].params.len() {
+                        let (buf, range) = e.param_buffer(m, k).expect("a parameter");
+                        leased.push((m, k, buf.lease(), range));
                     }
-                    for s in 0..STEPS {
-                        train_step(e, &data, s, None).expect("step");
+                }
+                for s in 0..STEPS {
+                    train_step(e, &data, s, None).expect("step");
+                }
+                let want = full_params(e).expect("params");
+                let theirs = g.new_stream().expect("a stream");
+                let engine = borrow(&theirs, e.device().stream());
+                let dtype = e.dtype();
+                let mut problems = Vec::new();
+                for (m, k, lease, range) in &leased {
+                    let (buf, now) = e.param_buffer(*m, *k).expect("a parameter");
+                    if addr(buf) != lease.addr() || now != *range {
+                        problems.push(format!("module {m} parameter {k} moved"));
+                        continue;
                     }
-                    let want = full_params(e).expect("params");
-                    let theirs = g.new_stream().expect("a stream");
-                    let engine = theirs
-                        .borrow_foreign(ours.cu_stream() as usize as u64)
-                        .expect("the engine's stream");
-                    let dtype = e.dtype();
-                    let mut problems = Vec::new();
-                    for (m, k, lease, range) in &leased {
-                        let (buf, now) = e.param_buffer(*m, *k).expect("a parameter");
-                        if addr(buf) != lease.addr() || now != *range {
-                            problems.push(format!("module {m} parameter {k} moved"));
-                            continue;
-                        }
-                        let n = range.len();
-                        let view = ForeignSlice {
-                            addr: lease.addr() + (range.start * dtype.size_of()) as u64,
-                            len: n,
-                            dtype,
-                        };
-                        let mut out = GpuBuffer::zeros(theirs.cuda(), dtype, n).expect("alloc");
-                        theirs
-                            .crossing(&engine, |s| s.copy_from_foreign(&view, &mut out, 0))
-                            .expect("a read through the lease");
-                        let got = theirs.download_f32(&out, 0..n).expect("download");
-                        if zero_kernels::testing::canonical_bits(&got)
-                            != zero_kernels::testing::canonical_bits(&want[*m][*k])
-                        {
-                            problems.push(format!("module {m} parameter {k} differs"));
-                        }
+                    let out = read_through(&theirs, &engine, lease, range.clone(), dtype);
+                    let got = theirs.download_f32(&out, 0..range.len()).expect("download");
+                    if !same_bits(&got, &want[*m][*k]) {
+                        problems.push(format!("module {m} parameter {k} differs"));
                     }
-                    problems
-                },
-            );
+                }
+                problems
+            });
             for (rank, p) in problems.iter().enumerate() {
                 assert!(
                     p.is_empty(),
@@ -264,7 +283,6 @@ fn gpu_engine_steps_write_the_leased_parameters_in_place() {
 /// no read after a free.
 #[test]
 fn gpu_stage_3_gathered_buckets_are_read_through_leases_before_their_release() {
-    use zero_kernels::cuda::{ForeignSlice, GpuBuffer};
     let Some(g) = gpu_or_skip("leased gathered buckets") else {
         return;
     };
@@ -273,77 +291,49 @@ fn gpu_stage_3_gathered_buckets_are_read_through_leases_before_their_release() {
     let data = dataset(seed, STEPS * world * MICRO);
     for precision in ["fp32", "bf16"] {
         let cfg = config(3, precision, 1, 0.0);
-        let comms =
-            DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("device group");
-        let problems = run_ranks_on(
-            comms,
-            || CudaDevice::new().expect("device"),
-            &cfg,
-            seed,
-            |e| {
-                let ours = e.device().stream().cuda().clone();
-                let theirs = g.new_stream().expect("a stream");
-                let engine = theirs
-                    .borrow_foreign(ours.cu_stream() as usize as u64)
-                    .expect("the engine's stream");
-                let side = g.new_stream().expect("a stream");
-                let elsewhere = theirs
-                    .borrow_foreign(side.cuda().cu_stream() as usize as u64)
-                    .expect("a third stream");
-                let torch = e
-                    .device()
-                    .stream()
-                    .borrow_foreign(theirs.cuda().cu_stream() as usize as u64)
-                    .expect("torch's stream");
-                let dtype = e.dtype();
-                let mut problems = Vec::new();
-                for s in 0..3 {
-                    train_step(e, &data, s, None).expect("step");
-                    for m in 0..e.modules().len() {
-                        e.fetch(m).expect("fetch");
-                        let want = e.params_f32(m).expect("params");
-                        let mut reads = Vec::new();
-                        // What Runtime.gather does: torch waits for the all-gather.
-                        theirs.crossing(&engine, |_| Ok(())).expect("crossing");
-                        for (k, want) in want.iter().enumerate() {
-                            let (buf, range) = e.param_buffer(m, k).expect("a parameter");
-                            let lease = buf.lease();
-                            let n = range.len();
-                            let view = ForeignSlice {
-                                addr: lease.addr() + (range.start * dtype.size_of()) as u64,
-                                len: n,
-                                dtype,
-                            };
-                            let mut out = GpuBuffer::zeros(theirs.cuda(), dtype, n).expect("alloc");
-                            // Torch's kernel reads the view, unknown to the engine (the
-                            // copy's crossing orders it with a third stream only).
-                            theirs
-                                .crossing(&elsewhere, |s| s.copy_from_foreign(&view, &mut out, 0))
-                                .expect("a read through the lease");
-                            drop(lease);
-                            reads.push((k, out, want.clone()));
-                        }
-                        // What Runtime.scatter does: the engine waits for torch's reads.
-                        e.device()
-                            .stream()
-                            .crossing(&torch, |_| Ok(()))
-                            .expect("crossing");
-                        e.release(m).expect("release");
-                        // Torch's reads are checked only now, after the release was queued.
-                        for (k, out, want) in reads.drain(..) {
-                            let got = theirs.download_f32(&out, 0..want.len()).expect("download");
-                            if zero_kernels::testing::canonical_bits(&got)
-                                != zero_kernels::testing::canonical_bits(&want)
-                            {
-                                problems.push(format!("step {s} module {m} parameter {k}"));
-                            }
+        let problems = on_gpu_ranks(world, &cfg, seed, |e| {
+            let theirs = g.new_stream().expect("a stream");
+            let engine = borrow(&theirs, e.device().stream());
+            let side = g.new_stream().expect("a stream");
+            let elsewhere = borrow(&theirs, &side);
+            let torch = borrow(e.device().stream(), &theirs);
+            let dtype = e.dtype();
+            let mut problems = Vec::new();
+            for s in 0..3 {
+                train_step(e, &data, s, None).expect("step");
+                for m in 0..e.modules().len() {
+                    e.fetch(m).expect("fetch");
+                    let want = e.params_f32(m).expect("params");
+                    let mut reads = Vec::new();
+                    // What Runtime.gather does: torch waits for the all-gather.
+                    theirs.crossing(&engine, |_| Ok(())).expect("crossing");
+                    for (k, want) in want.iter().enumerate() {
+                        let (buf, range) = e.param_buffer(m, k).expect("a parameter");
+                        let lease = buf.lease();
+                        // Torch's kernel reads the view, unknown to the engine (the
+                        // copy's crossing orders it with a third stream only).
+                        let out = read_through(&theirs, &elsewhere, &lease, range, dtype);
+                        drop(lease);
+                        reads.push((k, out, want.clone()));
+                    }
+                    // What Runtime.scatter does: the engine waits for torch's reads.
+                    e.device()
+                        .stream()
+                        .crossing(&torch, |_| Ok(()))
+                        .expect("crossing");
+                    e.release(m).expect("release");
+                    // Torch's reads are checked only now, after the release was queued.
+                    for (k, out, want) in reads.drain(..) {
+                        let got = theirs.download_f32(&out, 0..want.len()).expect("download");
+                        if !same_bits(&got, &want) {
+                            problems.push(format!("step {s} module {m} parameter {k}"));
                         }
                     }
-                    e.abandon_pass().expect("abandon");
                 }
-                problems
-            },
-        );
+                e.abandon_pass().expect("abandon");
+            }
+            problems
+        });
         for (rank, p) in problems.iter().enumerate() {
             assert!(
                 p.is_empty(),

@@ -13,7 +13,7 @@
 //! allocated itself, so code that looks for tensors sharing storage (safetensors,
 //! `save_pretrained`) sees none.
 
-use crate::errors::{to_py, DeviceError};
+use crate::errors::to_py;
 use crate::start::Inner;
 use crate::tensors;
 use pyo3::prelude::*;
@@ -36,29 +36,26 @@ pub fn capsules<'py>(
     m: usize,
     ks: &[usize],
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let shape = |e_modules: &[zero_runtime::ModuleSpec], k: usize| -> PyResult<Vec<usize>> {
-        let module = e_modules.get(m).ok_or_else(|| {
-            to_py(zero_runtime::EngineError::UnknownModule {
-                index: m,
-                count: e_modules.len(),
-            })
-        })?;
-        module
-            .params
-            .get(k)
-            .map(|p| p.shape.clone())
-            .ok_or_else(|| DeviceError::new_err(format!("module {m} has no parameter {k}")))
+    let modules = match inner {
+        Inner::Host(e) => e.modules(),
+        Inner::Cuda(e) => e.modules(),
     };
+    let module = modules.get(m).ok_or_else(|| {
+        to_py(zero_runtime::EngineError::UnknownModule {
+            index: m,
+            count: modules.len(),
+        })
+    })?;
     ks.iter()
         .map(|&k| match inner {
             Inner::Host(e) => {
-                let dims = shape(e.modules(), k)?;
                 let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
-                host_capsule(py, buf.lease(), element(buf.dtype()), range.start, &dims)
+                let shape = &module.params[k].shape;
+                host_capsule(py, buf.lease(), element(buf.dtype()), range.start, shape)
             }
             Inner::Cuda(e) => {
-                let dims = shape(e.modules(), k)?;
                 let (buf, range) = e.param_buffer(m, k).map_err(to_py)?;
+                let shape = &module.params[k].shape;
                 let lease = buf.lease();
                 let memory = SharedMemory {
                     addr: lease.addr(),
@@ -66,7 +63,7 @@ pub fn capsules<'py>(
                     device: DlDevice::Cuda(lease.ordinal()),
                     keep: Box::new(lease),
                 };
-                capsule(py, memory, element(buf.dtype()), range.start, &dims)
+                capsule(py, memory, element(buf.dtype()), range.start, shape)
             }
         })
         .collect()

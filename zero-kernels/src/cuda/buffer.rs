@@ -25,6 +25,17 @@ pub enum GpuData {
     BF16(CudaSlice<bf16>),
 }
 
+impl GpuData {
+    /// The stream the allocation was made on (and is freed on).
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        match self {
+            GpuData::F32(s) => s.stream(),
+            GpuData::F16(s) => s.stream(),
+            GpuData::BF16(s) => s.stream(),
+        }
+    }
+}
+
 /// Element types the kernels take, with their kernel-name suffix and typed access to a
 /// [`GpuBuffer`].
 pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
@@ -282,11 +293,7 @@ impl GpuBuffer {
 
     /// The stream the allocation was made on (and is freed on).
     fn owner_stream(&self) -> Arc<CudaStream> {
-        match self.data() {
-            GpuData::F32(s) => s.stream().clone(),
-            GpuData::F16(s) => s.stream().clone(),
-            GpuData::BF16(s) => s.stream().clone(),
-        }
+        self.data().stream().clone()
     }
 
     /// Notes a read on `stream`, so a later write or free on another stream waits for it

@@ -37,12 +37,7 @@ impl Drop for Lent {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         let Some(data) = data else { return };
-        let stream = match &data {
-            GpuData::F32(s) => s.stream().clone(),
-            GpuData::F16(s) => s.stream().clone(),
-            GpuData::BF16(s) => s.stream().clone(),
-        };
-        let ctx = stream.context();
+        let ctx = data.stream().context().clone();
         ctx.record_err(ctx.synchronize());
         drop(data);
     }

@@ -13,6 +13,14 @@ use crate::ReduceOp;
 
 /// Elements per block of the tiles the callers hand over (what they stage at a time).
 pub(crate) const TILE: usize = 2048;
+/// A reduce-scatter whose output (per rank) has at least this many bytes writes it with
+/// streaming stores ([`reduce_into_streaming`]): far larger than the caches, its lines
+/// would each be read for ownership before being written, and nothing reads them soon.
+/// 64 Mi bf16 at 2 ranks (a 64 MiB output), 2026-11-28: in-process 9.1 → 7.5 ms,
+/// across processes 10.0 → 9.4 ms.
+pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
+/// Elements a streaming reduction stages (in cache) before streaming them out.
+const STREAM_TILE: usize = 512;
 /// Elements accumulated together in registers.
 const LANES: usize = 16;
 
@@ -83,6 +91,28 @@ pub(crate) fn reduce_into<T: HostElement>(
         return;
     }
     reduce_blocks(out, inputs, op, world);
+}
+
+/// [`reduce_into`], with `out` written by streaming stores (the same bits). The stores are
+/// weakly ordered: the thread that called this runs [`zero_sys::stream::fence`] before
+/// anyone else may read `out`.
+pub(crate) fn reduce_into_streaming<T: HostElement + bytemuck::Pod>(
+    out: &mut [T],
+    inputs: &[&[T]],
+    op: ReduceOp,
+    world: usize,
+) {
+    debug_assert!(!inputs.is_empty() && inputs.iter().all(|x| x.len() >= out.len()));
+    let mut tile = [T::from_f32(0.0); STREAM_TILE];
+    let mut ins: Vec<&[T]> = Vec::with_capacity(inputs.len());
+    for start in (0..out.len()).step_by(STREAM_TILE) {
+        let range = start..(start + STREAM_TILE).min(out.len());
+        ins.clear();
+        ins.extend(inputs.iter().map(|x| &x[range.clone()]));
+        let staged = &mut tile[..range.len()];
+        reduce_into(staged, &ins, op, world);
+        zero_sys::stream::copy_streaming(&mut out[range], staged);
+    }
 }
 
 /// Maximum in which NaN wins, so a non-finite flag is never reduced away.

@@ -159,6 +159,16 @@ fn every_collective_matches_the_serial_reference_for_1_to_8_ranks() {
 }
 
 #[test]
+fn a_reduce_scatter_of_8_mib_per_rank_streams_its_output_and_keeps_the_bits() {
+    // From 8 MiB of output per rank the reduction writes with streaming stores
+    // (zero-comm's STREAM_MIN_BYTES); uneven lengths put the last rank's piece, and with
+    // it the streamed body, off the 16-byte grid.
+    let mut rng = seeded("streamed reduce-scatter");
+    check_world(&mut rng, 2, 2 * (4 << 20) + 5, DType::BF16);
+    check_world(&mut rng, 3, 3 * (2 << 20) + 2, DType::F32);
+}
+
+#[test]
 fn results_are_bit_identical_run_after_run() {
     let mut rng = seeded("determinism");
     let world = 5;

@@ -54,6 +54,15 @@ fn cases(world: usize) -> Vec<(Kind, DType, usize)> {
             }
         }
     }
+    // Outputs of 8 MiB and more per rank are written with streaming stores (zero-comm's
+    // STREAM_MIN_BYTES); uneven, so the last piece is off the 16-byte grid.
+    for (dtype, per_rank) in [(DType::F32, 2 << 20), (DType::BF16, 4 << 20)] {
+        out.push((
+            Kind::ReduceScatter(ReduceOp::Avg),
+            dtype,
+            world * per_rank + world - 1,
+        ));
+    }
     out
 }
 

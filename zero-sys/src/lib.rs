@@ -11,6 +11,7 @@ pub mod nccl;
 pub mod nvrtc;
 #[cfg(feature = "python")]
 pub mod python;
+pub mod stream;
 
 pub use loader::{load_library, LoadError, LoadedLibrary};
 

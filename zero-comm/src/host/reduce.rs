@@ -5,7 +5,7 @@
 
 use crate::buffer::{HostBuffer, HostElement};
 use crate::op::{even_split, OpDesc, OpKind};
-use crate::reduce::{reduce_into, TILE};
+use crate::reduce::{reduce_into, reduce_into_streaming, STREAM_MIN_BYTES, TILE};
 use crate::ReduceOp;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -35,7 +35,7 @@ fn each<I: Send>(parallel: bool, items: Vec<I>, f: impl Fn(I) + Sync + Send) {
     }
 }
 
-fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
+fn typed<T: HostElement + bytemuck::Pod>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
     let world = buffers.len();
     let op = desc.reduce.unwrap_or(ReduceOp::Sum);
     let parallel = desc.count * world >= PARALLEL_MIN;
@@ -67,12 +67,20 @@ fn typed<T: HostElement>(desc: &OpDesc, buffers: &mut [Vec<HostBuffer>]) {
                     tasks.push((piece.start + c * PAR_CHUNK, chunk));
                 }
             }
+            // A large output is streamed out (see STREAM_MIN_BYTES); each task fences its
+            // own stores before the pool reports it done.
+            let cold = desc.count / world * std::mem::size_of::<T>() >= STREAM_MIN_BYTES;
             each(parallel, tasks, |(start, out)| {
                 let ins: Vec<&[T]> = inputs
                     .iter()
                     .map(|b| &b[start..start + out.len()])
                     .collect();
-                reduce_chunk(out, &ins, op, world);
+                if cold {
+                    reduce_into_streaming(out, &ins, op, world);
+                    zero_sys::stream::fence();
+                } else {
+                    reduce_chunk(out, &ins, op, world);
+                }
             });
         }
         OpKind::AllGather => {

@@ -4,7 +4,9 @@
 //! barrier, then each takes what it needs from the others' windows. A reduction is split
 //! by destination: rank r reduces piece r (`even_split`), reading every rank's part in
 //! rank order through the one reduction core ([`crate::reduce`]), so the bits equal
-//! `HostGroup`'s. Large buffers go in chunks of one window; windows are double-buffered
+//! `HostGroup`'s. It reads the others' windows in place (no window is written again
+//! before every rank has passed the next barrier), and streams a large reduce-scatter's
+//! output past the caches ([`STREAM_MIN_BYTES`]). Large buffers go in chunks of one window; windows are double-buffered
 //! by barrier parity, so a chunk's copies never wait for the one before to be read.
 //!
 //! | collective | per chunk |
@@ -22,7 +24,7 @@
 use super::segment::{Cause, Segment};
 use crate::buffer::HostElement;
 use crate::op::{even_split, OpDesc};
-use crate::reduce::{reduce_into, TILE};
+use crate::reduce::{reduce_into, reduce_into_streaming, STREAM_MIN_BYTES, TILE};
 use crate::{CommError, ReduceOp};
 use std::cell::Cell;
 use std::ops::Range;
@@ -39,6 +41,16 @@ const COPY_CHUNK_BYTES: usize = 256 << 10;
 /// An element type the group moves: the reduction core's, and plain bytes.
 pub(crate) trait ShmElement: HostElement + bytemuck::Pod {}
 impl<T: HostElement + bytemuck::Pod> ShmElement for T {}
+
+/// Where a reduction finds this rank's own part, and how it writes the result.
+#[derive(Clone, Copy)]
+enum Own<'a, T> {
+    /// In `mine`; the result goes to a separate output, by streaming stores when `cold`
+    /// (a large reduce-scatter's output, see [`STREAM_MIN_BYTES`]).
+    Separate { mine: &'a [T], cold: bool },
+    /// In the output itself (an all-reduce).
+    InPlace,
+}
 
 /// One rank running one collective.
 pub(crate) struct Run<'a> {
@@ -165,51 +177,72 @@ impl Run<'_> {
         self.seg.map().read(off, bytemuck::cast_slice_mut(dst));
     }
 
-    /// `out[i] = op` over ranks in order of their element `i`: this rank's from `mine`
-    /// (`None`: from `out` itself), every other rank's from its window for barrier `b` at
-    /// element `at`. With `publish = Some((b', at'))` the result is also copied into this
-    /// rank's window for barrier `b'` at element `at'`.
+    /// `out[i] = op` over ranks in order of their element `i`: this rank's as `own` says,
+    /// every other rank's read in place from its window for barrier `b` at element `at`.
+    /// With `publish = Some((b', at'))` the result is also copied into this rank's window
+    /// for barrier `b'` at element `at'`.
     fn reduce<T: ShmElement>(
         &self,
         b: u64,
         at: usize,
         op: ReduceOp,
-        mine: Option<&[T]>,
+        own: Own<'_, T>,
         out: &mut [T],
         publish: Option<(u64, usize)>,
     ) {
-        // One staging tile per other rank (copied out of its window), this rank's own part
-        // read in place; the result goes to a tile of its own (this rank's part may be the
-        // output) and from there to `out` and, when published, to this rank's window.
-        let mut staged = vec![[T::from_f32(0.0); TILE]; self.world];
-        let mut result = [T::from_f32(0.0); TILE];
-        for start in (0..out.len()).step_by(TILE) {
-            let len = TILE.min(out.len() - start);
-            for (r, tile) in staged.iter_mut().enumerate() {
-                if r != self.me {
-                    self.get(r, b, at + start, &mut tile[..len]);
-                }
-            }
-            {
-                let ins: Vec<&[T]> = (0..self.world)
-                    .map(|r| {
-                        if r != self.me {
-                            &staged[r][..len]
-                        } else {
-                            match mine {
-                                Some(m) => &m[start..start + len],
-                                None => &out[start..start + len],
+        let size = std::mem::size_of::<T>();
+        let others: Vec<Range<usize>> = (0..self.world)
+            .filter(|&r| r != self.me)
+            .map(|r| {
+                let off = self.seg.window_at(r, (b % 2) as usize) + at * size;
+                off..off + std::mem::size_of_val(out)
+            })
+            .collect();
+        // The others' windows for barrier `b` are not written again before this rank
+        // arrives at its next barrier, so they are read in place.
+        self.seg
+            .map()
+            .with_slices(&others, std::mem::align_of::<T>(), |bytes| {
+                let others: Vec<&[T]> = bytes.iter().map(|b| bytemuck::cast_slice(b)).collect();
+                // An in-place result goes through a tile first: its inputs include `out`.
+                let mut result = [T::from_f32(0.0); TILE];
+                for start in (0..out.len()).step_by(TILE) {
+                    let len = TILE.min(out.len() - start);
+                    let tile = start..start + len;
+                    match own {
+                        Own::Separate { mine, cold } => {
+                            let ins = self.inputs(&others, &mine[tile.clone()], tile.clone());
+                            let dst = &mut out[tile.clone()];
+                            if cold {
+                                reduce_into_streaming(dst, &ins, op, self.world);
+                            } else {
+                                reduce_into(dst, &ins, op, self.world);
                             }
                         }
-                    })
-                    .collect();
-                reduce_into(&mut result[..len], &ins, op, self.world);
-            }
-            out[start..start + len].copy_from_slice(&result[..len]);
-            if let Some((b2, at2)) = publish {
-                self.put(b2, at2 + start, &result[..len]);
-            }
-        }
+                        Own::InPlace => {
+                            let ins = self.inputs(&others, &out[tile.clone()], tile.clone());
+                            reduce_into(&mut result[..len], &ins, op, self.world);
+                            out[tile.clone()].copy_from_slice(&result[..len]);
+                        }
+                    }
+                    if let Some((b2, at2)) = publish {
+                        self.put(b2, at2 + start, &out[tile]);
+                    }
+                }
+            });
+    }
+
+    /// The inputs of one tile in rank order: `own` for this rank, elements `tile` of the
+    /// others' windows (`others`, in rank order without this rank) for the rest.
+    fn inputs<'s, T>(&self, others: &[&'s [T]], own: &'s [T], tile: Range<usize>) -> Vec<&'s [T]> {
+        let mut rest = others.iter();
+        (0..self.world)
+            .map(|r| match r == self.me {
+                true => own,
+                // `others` holds one window per other rank.
+                false => rest.next().map_or(own, |w| &w[tile.clone()]),
+            })
+            .collect()
     }
 
     /// The chunking of a reduction of `n` elements: each rank's piece, the elements of
@@ -265,11 +298,20 @@ impl Run<'_> {
     ) -> Result<(), CommError> {
         let (pieces, w, chunks) = self.pieces::<T>(input.len());
         let mine = pieces[self.me].clone();
+        let cold = std::mem::size_of_val(output) >= STREAM_MIN_BYTES;
         for k in 0..chunks {
             let b = self.scatter_parts(input, &pieces, k, w)?;
             let part = Self::part(&pieces, self.me, k, w);
             let out = &mut output[part.start - mine.start..part.end - mine.start];
-            self.reduce(b, self.me * w, op, Some(&input[part]), out, None);
+            let own = Own::Separate {
+                mine: &input[part],
+                cold,
+            };
+            self.reduce(b, self.me * w, op, own, out, None);
+        }
+        if cold {
+            // The streamed output is this process's own memory, handed back after this.
+            zero_sys::stream::fence();
         }
         Ok(())
     }
@@ -281,7 +323,7 @@ impl Run<'_> {
             let next = self.steps.get() + 1;
             self.put(next, 0, buf);
             let b = self.first_barrier()?;
-            self.reduce(b, 0, op, None, buf, None);
+            self.reduce(b, 0, op, Own::InPlace, buf, None);
             return Ok(());
         }
         let (pieces, w, chunks) = self.pieces::<T>(n);
@@ -292,7 +334,7 @@ impl Run<'_> {
                 b,
                 self.me * w,
                 op,
-                None,
+                Own::InPlace,
                 &mut buf[part],
                 Some((b + 1, self.me * w)),
             );

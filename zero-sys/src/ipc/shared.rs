@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// A shared mapping of a whole memfd.
 ///
 /// Control words are reached as atomics ([`u32_at`](Self::u32_at),
-/// [`u64_at`](Self::u64_at)); data is only ever *copied* in and out
-/// ([`write`](Self::write), [`read`](Self::read)), never borrowed, so no Rust reference
-/// to bytes another process may write exists. Which process may write which bytes when
-/// is the caller's protocol (zero-comm's shared-memory group orders every copy with
+/// [`u64_at`](Self::u64_at)); data is *copied* in and out ([`write`](Self::write),
+/// [`read`](Self::read)), or read in place ([`with_slices`](Self::with_slices)) only for
+/// as long as the caller's protocol keeps every writer away, so no Rust reference to
+/// bytes another process is writing exists. Which process may write which bytes when is
+/// the caller's protocol (zero-comm's shared-memory group orders every access with
 /// release/acquire atomics on the control words).
 #[derive(Debug)]
 pub struct SharedMapping {
@@ -150,6 +151,36 @@ impl SharedMapping {
         let p = self.at(offset, dst.len(), 1);
         // SAFETY: as in write, with the roles swapped.
         unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+impl SharedMapping {
+    /// Hands `f` the bytes of `ranges` (each in bounds and aligned to `align`) as slices,
+    /// read in place instead of copied out.
+    ///
+    /// The caller's protocol must give these bytes to readers only for the duration of
+    /// `f`: no process (this one included, through [`write`](Self::write)) writes them
+    /// until `f` returns. zero-comm's shared-memory group borrows another rank's window
+    /// only between the barrier that published it and this rank's next arrival, before
+    /// which its owner cannot write it again.
+    pub fn with_slices<R>(
+        &self,
+        ranges: &[std::ops::Range<usize>],
+        align: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> R {
+        let slices: Vec<&[u8]> = ranges
+            .iter()
+            .map(|r| {
+                let bytes = r.end.saturating_sub(r.start);
+                let p = self.at(r.start, bytes, align);
+                // SAFETY: in bounds and aligned (checked in `at`); the mapping outlives
+                // the borrow, which ends with `f`; no process writes these bytes meanwhile
+                // (the caller's protocol, above).
+                unsafe { std::slice::from_raw_parts(p, bytes) }
+            })
+            .collect();
+        f(&slices)
     }
 }
 

@@ -6,8 +6,9 @@
 //! rank order through the one reduction core ([`crate::reduce`]), so the bits equal
 //! `HostGroup`'s. It reads the others' windows in place (no window is written again
 //! before every rank has passed the next barrier), and streams a large reduce-scatter's
-//! output past the caches ([`STREAM_MIN_BYTES`]). Large buffers go in chunks of one window; windows are double-buffered
-//! by barrier parity, so a chunk's copies never wait for the one before to be read.
+//! output past the caches ([`STREAM_MIN_BYTES`]). Large buffers go in chunks of one
+//! window; windows are double-buffered by barrier parity, so a chunk's copies never wait
+//! for the one before to be read.
 //!
 //! | collective | per chunk |
 //! |---|---|

@@ -2,8 +2,9 @@
 //!
 //! 1. Rank 0 creates the segment (a `memfd`: no name in `/dev/shm`, nothing to leak) and
 //!    listens on an abstract Unix socket named after a fresh random nonce (no file either).
-//! 2. The TCP rendezvous ([`crate::launch::rendezvous`]) hands every rank the nonce; it
-//!    refuses a rank launched with another world size or of another job, naming both.
+//! 2. The TCP rendezvous ([`crate::launch::rendezvous`](mod@crate::launch::rendezvous))
+//!    hands every rank the nonce; it refuses a rank launched with another world size or
+//!    of another job, naming both.
 //! 3. Each other rank connects to rank 0's socket, says who it is, and receives the
 //!    segment's descriptor (`SCM_RIGHTS`). A rank on another machine (or network
 //!    namespace) cannot reach the socket: that is an error saying every rank must run on

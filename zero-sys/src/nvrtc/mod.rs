@@ -3,8 +3,8 @@
 //! compiles is always the one chosen here — never another that `cudarc`'s search by
 //! soname happens to find first.
 //!
-//! Which library ([`Nvrtc::get`], see [`discover`]): `ZERO_NVRTC_LIB` if set; else the
-//! NVRTC of the driver's major version (`libnvrtc.so.13` for a 13.x driver,
+//! Which library ([`Nvrtc::get`], see [`discover`](fn@discover)): `ZERO_NVRTC_LIB` if
+//! set; else the NVRTC of the driver's major version (`libnvrtc.so.13` for a 13.x driver,
 //! `libnvrtc.so.12` for 12.x), then of each older major down to 12, from the pip wheels'
 //! usual folders, then the loader's search path. A cubin from NVRTC 13 does not load on a
 //! 12.x driver, so a newer major is never taken; an older one's cubins load on a newer

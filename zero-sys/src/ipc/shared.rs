@@ -152,9 +152,7 @@ impl SharedMapping {
         // SAFETY: as in write, with the roles swapped.
         unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) }
     }
-}
 
-impl SharedMapping {
     /// Hands `f` the bytes of `ranges` (each in bounds and aligned to `align`) as slices,
     /// read in place instead of copied out.
     ///

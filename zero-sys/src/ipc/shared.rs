@@ -210,6 +210,25 @@ mod tests {
     }
 
     #[test]
+    fn with_slices_reads_another_mappings_writes_in_place() {
+        let (a, fd) = SharedMapping::create("zero-test", 8192).unwrap();
+        let b = SharedMapping::map(fd.as_fd(), 8192).unwrap();
+        a.write(64, &[1, 2, 3, 4]);
+        a.write(4096, &[9; 8]);
+        let got = b.with_slices(&[64..68, 4096..4104, 100..100], 4, |s| {
+            s.iter().map(|x| x.to_vec()).collect::<Vec<_>>()
+        });
+        assert_eq!(got, vec![vec![1, 2, 3, 4], vec![9; 8], vec![]]);
+    }
+
+    #[test]
+    #[should_panic(expected = "shared mapping access")]
+    fn with_slices_refuses_a_range_past_the_end() {
+        let (a, _fd) = SharedMapping::create("zero-test", 4096).unwrap();
+        a.with_slices(&[4000..4100], 1, |_| ());
+    }
+
+    #[test]
     #[should_panic(expected = "shared mapping access")]
     fn an_access_outside_the_mapping_panics_instead_of_reading_past_it() {
         let (a, _fd) = SharedMapping::create("zero-test", 4096).unwrap();

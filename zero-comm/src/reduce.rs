@@ -93,9 +93,8 @@ pub(crate) fn reduce_into<T: HostElement>(
     reduce_blocks(out, inputs, op, world);
 }
 
-/// [`reduce_into`], with `out` written by streaming stores (the same bits). The stores are
-/// weakly ordered: the thread that called this runs [`zero_sys::stream::fence`] before
-/// anyone else may read `out`.
+/// [`reduce_into`], with `out` written by streaming stores (the same bits), fenced before
+/// it returns, so `out` may be handed to another thread or process as after any store.
 pub(crate) fn reduce_into_streaming<T: HostElement + bytemuck::Pod>(
     out: &mut [T],
     inputs: &[&[T]],
@@ -113,6 +112,7 @@ pub(crate) fn reduce_into_streaming<T: HostElement + bytemuck::Pod>(
         reduce_into(staged, &ins, op, world);
         zero_sys::stream::copy_streaming(&mut out[range], staged);
     }
+    zero_sys::stream::fence();
 }
 
 /// Maximum in which NaN wins, so a non-finite flag is never reduced away.

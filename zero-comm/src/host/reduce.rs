@@ -67,8 +67,7 @@ fn typed<T: HostElement + bytemuck::Pod>(desc: &OpDesc, buffers: &mut [Vec<HostB
                     tasks.push((piece.start + c * PAR_CHUNK, chunk));
                 }
             }
-            // A large output is streamed out (see STREAM_MIN_BYTES); each task fences its
-            // own stores before the pool reports it done.
+            // A large output is streamed out (see STREAM_MIN_BYTES).
             let cold = desc.count / world * std::mem::size_of::<T>() >= STREAM_MIN_BYTES;
             each(parallel, tasks, |(start, out)| {
                 let ins: Vec<&[T]> = inputs
@@ -77,7 +76,6 @@ fn typed<T: HostElement + bytemuck::Pod>(desc: &OpDesc, buffers: &mut [Vec<HostB
                     .collect();
                 if cold {
                     reduce_into_streaming(out, &ins, op, world);
-                    zero_sys::stream::fence();
                 } else {
                     reduce_chunk(out, &ins, op, world);
                 }

@@ -49,8 +49,9 @@ enum Own<'a, T> {
     /// In `mine`; the result goes to a separate output, by streaming stores when `cold`
     /// (a large reduce-scatter's output, see [`STREAM_MIN_BYTES`]).
     Separate { mine: &'a [T], cold: bool },
-    /// In the output itself (an all-reduce).
-    InPlace,
+    /// In the output itself (an all-reduce). With `publish = Some((b', at'))` the result
+    /// is also copied into this rank's window for barrier `b'` at element `at'`.
+    InPlace { publish: Option<(u64, usize)> },
 }
 
 /// One rank running one collective.
@@ -180,8 +181,6 @@ impl Run<'_> {
 
     /// `out[i] = op` over ranks in order of their element `i`: this rank's as `own` says,
     /// every other rank's read in place from its window for barrier `b` at element `at`.
-    /// With `publish = Some((b', at'))` the result is also copied into this rank's window
-    /// for barrier `b'` at element `at'`.
     fn reduce<T: ShmElement>(
         &self,
         b: u64,
@@ -189,7 +188,6 @@ impl Run<'_> {
         op: ReduceOp,
         own: Own<'_, T>,
         out: &mut [T],
-        publish: Option<(u64, usize)>,
     ) {
         let size = std::mem::size_of::<T>();
         let others: Vec<Range<usize>> = (0..self.world)
@@ -205,29 +203,28 @@ impl Run<'_> {
             .map()
             .with_slices(&others, std::mem::align_of::<T>(), |bytes| {
                 let others: Vec<&[T]> = bytes.iter().map(|b| bytemuck::cast_slice(b)).collect();
-                // An in-place result goes through a tile first: its inputs include `out`.
-                let mut result = [T::from_f32(0.0); TILE];
-                for start in (0..out.len()).step_by(TILE) {
-                    let len = TILE.min(out.len() - start);
-                    let tile = start..start + len;
-                    match own {
-                        Own::Separate { mine, cold } => {
-                            let ins = self.inputs(&others, &mine[tile.clone()], tile.clone());
-                            let dst = &mut out[tile.clone()];
-                            if cold {
-                                reduce_into_streaming(dst, &ins, op, self.world);
-                            } else {
-                                reduce_into(dst, &ins, op, self.world);
-                            }
-                        }
-                        Own::InPlace => {
-                            let ins = self.inputs(&others, &out[tile.clone()], tile.clone());
-                            reduce_into(&mut result[..len], &ins, op, self.world);
-                            out[tile.clone()].copy_from_slice(&result[..len]);
+                match own {
+                    Own::Separate { mine, cold } => {
+                        let ins = self.inputs(&others, mine, 0..out.len());
+                        if cold {
+                            reduce_into_streaming(out, &ins, op, self.world);
+                        } else {
+                            reduce_into(out, &ins, op, self.world);
                         }
                     }
-                    if let Some((b2, at2)) = publish {
-                        self.put(b2, at2 + start, &out[tile]);
+                    Own::InPlace { publish } => {
+                        // The result goes through a tile first: its inputs include `out`.
+                        let mut result = [T::from_f32(0.0); TILE];
+                        for start in (0..out.len()).step_by(TILE) {
+                            let tile = start..(start + TILE).min(out.len());
+                            let len = tile.len();
+                            let ins = self.inputs(&others, &out[tile.clone()], tile.clone());
+                            reduce_into(&mut result[..len], &ins, op, self.world);
+                            out[tile].copy_from_slice(&result[..len]);
+                            if let Some((b2, at2)) = publish {
+                                self.put(b2, at2 + start, &result[..len]);
+                            }
+                        }
                     }
                 }
             });
@@ -308,11 +305,7 @@ impl Run<'_> {
                 mine: &input[part],
                 cold,
             };
-            self.reduce(b, self.me * w, op, own, out, None);
-        }
-        if cold {
-            // The streamed output is this process's own memory, handed back after this.
-            zero_sys::stream::fence();
+            self.reduce(b, self.me * w, op, own, out);
         }
         Ok(())
     }
@@ -324,21 +317,15 @@ impl Run<'_> {
             let next = self.steps.get() + 1;
             self.put(next, 0, buf);
             let b = self.first_barrier()?;
-            self.reduce(b, 0, op, Own::InPlace, buf, None);
+            self.reduce(b, 0, op, Own::InPlace { publish: None }, buf);
             return Ok(());
         }
         let (pieces, w, chunks) = self.pieces::<T>(n);
         for k in 0..chunks {
             let b = self.scatter_parts(buf, &pieces, k, w)?;
             let part = Self::part(&pieces, self.me, k, w);
-            self.reduce(
-                b,
-                self.me * w,
-                op,
-                Own::InPlace,
-                &mut buf[part],
-                Some((b + 1, self.me * w)),
-            );
+            let publish = Some((b + 1, self.me * w));
+            self.reduce(b, self.me * w, op, Own::InPlace { publish }, &mut buf[part]);
             let b2 = self.barrier()?;
             for r in (0..self.world).filter(|&r| r != self.me) {
                 self.get(r, b2, r * w, &mut buf[Self::part(&pieces, r, k, w)]);

@@ -327,6 +327,33 @@ fn offload_keys_take_deepspeeds_names_defaults_and_legacy_forms() {
         c.notes
     );
 
+    // offload_param below stage 3 is ignored, as DeepSpeed ignores it (said in a note);
+    // memory_efficient_linear takes either value.
+    for stage in 0..3 {
+        let c = parse(
+            &format!(
+                r#""zero_optimization": {{"stage": {stage}, "offload_param": {{"device": "cpu"}}, "memory_efficient_linear": false}}"#
+            ),
+            2,
+        )
+        .unwrap();
+        assert_eq!(c.zero.offload_param.device, OffloadDevice::None);
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n.contains("offload_param is ignored")),
+            "{:?}",
+            c.notes
+        );
+    }
+    let e = parse(
+        r#""zero_optimization": {"stage": 3, "memory_efficient_linear": "no"}"#,
+        2,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("memory_efficient_linear"), "{e}");
+
     // What is refused, naming the key.
     for (text, key) in [
         (
@@ -336,10 +363,6 @@ fn offload_keys_take_deepspeeds_names_defaults_and_legacy_forms() {
         (
             r#""zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}"#,
             "stage 1, 2 or 3",
-        ),
-        (
-            r#""zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}"#,
-            "stage 3",
         ),
         (
             r#""zero_optimization": {"stage": 2, "offload_optimizer": {"device": "disk"}}"#,

@@ -70,6 +70,28 @@ pub fn read_client_state(checkpoint_dir: PathBuf, tag: Option<String>) -> PyResu
     Ok(ckpt.manifest.client_state.to_string())
 }
 
+/// What checkpoint `tag` (or `latest`'s) of `dir` records besides its tensors, as JSON text:
+/// `tag`, `stage`, `world_size`, `precision`, `steps` (`optimizer`, `skipped`, `global`),
+/// `lr_last_batch_iteration`, `config` and `client_state`.
+#[pyfunction]
+#[pyo3(signature = (checkpoint_dir, tag=None))]
+pub fn read_checkpoint_summary(checkpoint_dir: PathBuf, tag: Option<String>) -> PyResult<String> {
+    let ckpt = CheckpointDir::open(&checkpoint_dir, tag.as_deref())
+        .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+    let m = &ckpt.manifest;
+    Ok(serde_json::json!({
+        "tag": m.tag,
+        "stage": m.stage,
+        "world_size": m.world_size,
+        "precision": m.precision,
+        "steps": {"optimizer": m.steps.optimizer, "skipped": m.steps.skipped, "global": m.steps.global},
+        "lr_last_batch_iteration": m.lr_last_batch_iteration,
+        "config": m.config,
+        "client_state": m.client_state,
+    })
+    .to_string())
+}
+
 /// One tensor of a Hugging Face checkpoint read whole: its name, its element type as the
 /// file names it (`F32`, `I64`, ...), its shape, and its little-endian bytes.
 type RawTensor<'py> = (String, String, Vec<usize>, Bound<'py, PyBytes>);

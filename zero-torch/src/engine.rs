@@ -240,6 +240,14 @@ impl NativeEngine {
         views::capsules(py, &guard, m, &ks)
     }
 
+    /// What this rank keeps of parameter `k` of module `m` between uses, flattened
+    /// (DeepSpeed's `ds_tensor`): a DLPack capsule over the engine's memory, or `f32`
+    /// bytes read from the NVMe swap file where the partition lives there.
+    fn held<'py>(&self, py: Python<'py>, m: usize, k: usize) -> PyResult<Bound<'py, PyAny>> {
+        let mut guard = self.lock()?;
+        views::held(py, &mut guard, m, k)
+    }
+
     /// `(address, bytes)` of every engine buffer that holds parameters now (device
     /// addresses on a GPU): each bucket's parameters, stage 3's gathered buckets, the
     /// frozen parameters.
@@ -792,6 +800,7 @@ pub fn resolve_config(config_json: &str, world_size: usize) -> PyResult<String> 
         "stage": c.zero.stage,
         "dtype": precision,
         "gather_16bit_weights_on_model_save": c.zero.gather_16bit_weights_on_model_save,
+        "param_persistence_threshold": c.zero.param_persistence_threshold,
         "notes": c.notes,
     })
     .to_string())

@@ -22,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::resolve_config, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_fp32_state, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_client_state, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::read_checkpoint_summary, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::read_hf_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory::pin_mmap_threshold, m)?)?;
     errors::register(m)?;

@@ -69,6 +69,56 @@ pub fn capsules<'py>(
         .collect()
 }
 
+/// What this rank keeps of parameter `k` of module `m` between uses (DeepSpeed's
+/// `ds_tensor`; see [`zero_runtime::HeldParam`]), flattened: a DLPack capsule over the
+/// engine's memory (a CPU tensor where it lives on the host, in the `offload_param` tier
+/// too), or, where that partition is in the NVMe swap file, its values read from it as
+/// native-endian `f32` bytes.
+pub fn held<'py>(
+    py: Python<'py>,
+    inner: &mut Inner,
+    m: usize,
+    k: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    use zero_runtime::HeldParam;
+    let dtype = match inner {
+        Inner::Host(e) => e.dtype(),
+        Inner::Cuda(e) => e.dtype(),
+    };
+    let swapped = match &*inner {
+        Inner::Host(e) => match e.held_param(m, k).map_err(to_py)? {
+            HeldParam::Buffer(buf, r) | HeldParam::Host(buf, r) => {
+                return host_capsule(py, buf.lease(), element(dtype), r.start, &[r.len()])
+            }
+            HeldParam::Swapped { bucket, range } => (bucket, range),
+        },
+        Inner::Cuda(e) => match e.held_param(m, k).map_err(to_py)? {
+            HeldParam::Buffer(buf, r) => {
+                let lease = buf.lease();
+                let memory = SharedMemory {
+                    addr: lease.addr(),
+                    bytes: lease.bytes(),
+                    device: DlDevice::Cuda(lease.ordinal()),
+                    keep: Box::new(lease),
+                };
+                return capsule(py, memory, element(dtype), r.start, &[r.len()]);
+            }
+            HeldParam::Host(buf, r) => {
+                return host_capsule(py, buf.lease(), element(dtype), r.start, &[r.len()])
+            }
+            HeldParam::Swapped { bucket, range } => (bucket, range),
+        },
+    };
+    let (bucket, range) = swapped;
+    let values = match inner {
+        Inner::Host(e) => e.read_swapped_f32(bucket, range),
+        Inner::Cuda(e) => e.read_swapped_f32(bucket, range),
+    }
+    .map_err(to_py)?;
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    Ok(pyo3::types::PyBytes::new(py, &bytes).into_any())
+}
+
 /// `(address, bytes)` of every buffer that holds parameters now.
 pub fn storage_ranges(inner: &Inner) -> PyResult<Vec<(usize, usize)>> {
     Ok(match inner {

@@ -458,6 +458,7 @@ const ZERO_KEYS: &[&str] = &[
     "cpu_offload",
     "cpu_offload_param",
     "cpu_offload_use_pin_memory",
+    "memory_efficient_linear",
 ];
 
 impl ZeroConfig {
@@ -998,7 +999,6 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
         ("zero_quantized_gradients", json!(false)),
         ("mics_shard_size", json!(-1)),
         ("mics_hierarchical_params_gather", json!(false)),
-        ("memory_efficient_linear", json!(true)),
         ("stage3_gather_fp16_weights_on_model_save", json!(false)),
         ("compute_grad_norm", json!(true)),
         ("zenflow", Value::Null),
@@ -1040,17 +1040,24 @@ fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigEr
         }
         notes.push("zero_optimization.offload_optimizer.ratio below 1: zero offloads the whole optimizer state (the numbers are DeepSpeed's partial offload's; only where the state lives differs)".into());
     }
-    let offload_param = offload::offload_param(&o, &legacy)?;
+    let mut offload_param = offload::offload_param(&o, &legacy)?;
     if offload_optimizer.device != OffloadDevice::None && stage == 0 {
         return Err(ConfigError::Inconsistent(
             "zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 keeps the whole optimizer state on every rank)".into(),
         ));
     }
     if offload_param.device != OffloadDevice::None && stage != 3 {
-        return Err(ConfigError::Inconsistent(format!(
-            "zero_optimization.offload_param needs ZeRO stage 3 (stage {stage} keeps the parameters whole on every rank)"
-        )));
+        // DeepSpeed 0.19.8 reads offload_param only at stage 3 and ignores it below, without a
+        // word (DeepSpeedExamples' own sweeps run stage 2 with it): the same here, noted.
+        notes.push(format!(
+            "zero_optimization.offload_param is ignored at stage {stage}, as in DeepSpeed: it offloads the partitioned 16-bit parameters of stage 3, and stage {stage} keeps the parameters whole on every rank"
+        ));
+        offload_param.device = OffloadDevice::None;
     }
+    // Either value trains the same: DeepSpeed's `true` swaps F.linear for a function that
+    // saves the weight instead of its transpose; zero's stage 3 always saves the parameter
+    // (not the gathered view) for backward, with torch's own F.linear arithmetic.
+    o.bool_or("memory_efficient_linear", true)?;
     let contiguous_gradients = o.bool_or("contiguous_gradients", true)?;
     if !contiguous_gradients {
         notes.push("zero_optimization.contiguous_gradients=false: zero always writes gradients into contiguous buckets".into());

@@ -19,6 +19,7 @@ mod checkpoint;
 mod gather;
 mod grads;
 mod groups;
+mod held;
 mod master;
 mod offload;
 mod report;
@@ -27,6 +28,7 @@ mod views;
 
 pub use checkpoint::{HfLoadOptions, ImportedParam, ImportedState, SaveOptions, StatePiece};
 pub use groups::ExternalPiece;
+pub use held::HeldParam;
 pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 pub use step::ExternalArray;
 

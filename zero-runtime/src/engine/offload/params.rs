@@ -156,6 +156,15 @@ impl ParamTier {
         })
     }
 
+    /// Bucket `b`'s partition where it lives in host memory (`cpu`); `None` on NVMe (one
+    /// block at a time is open there) or for a bucket the tier does not hold.
+    pub fn host_partition(&self, b: usize) -> Option<&HostBuffer> {
+        match &self.store {
+            Store::Host(per) => per.get(b).and_then(Option::as_ref),
+            Store::Nvme { .. } => None,
+        }
+    }
+
     /// Bucket `b`'s partition, to write.
     pub fn get_mut(&mut self, b: usize) -> Result<&mut HostBuffer, EngineError> {
         self.open(b, true)?;

@@ -45,7 +45,9 @@ class CheckpointMethods:
         :class:`~zero_torch.CheckpointError` and the previous checkpoint stays ``latest``.
         ``exclude_frozen_parameters`` (what transformers' Trainer passes for a PEFT model)
         leaves the frozen parameters out: ``load_checkpoint(..., load_module_strict=False)``
-        then keeps the model's own frozen values, as DeepSpeed's does."""
+        then keeps the model's own frozen values, as DeepSpeed's does. Rank 0 then writes
+        DeepSpeed's recovery scripts, ``zero_to_fp32.py`` and ``zero_to_torch.py``, into
+        ``save_dir`` (:func:`zero_torch.checkpoint.write_recovery_scripts`)."""
         if not save_latest:
             raise UnsupportedError(
                 "save_checkpoint(save_latest=False) is not supported: zero commits a checkpoint "
@@ -63,10 +65,15 @@ class CheckpointMethods:
             torch.save(self._plan.basic.state_dict(), tmp)
             os.replace(tmp, _external_state_path(path, self.global_rank))
         state = dict(client_state or {})
-        if self.client_lr_scheduler is not None and hasattr(self.client_lr_scheduler, "state_dict"):
-            state["__zero_lr_scheduler__"] = self.client_lr_scheduler.state_dict()
+        if self._steps_client_scheduler() and hasattr(self.lr_scheduler, "state_dict"):
+            state["__zero_lr_scheduler__"] = self.lr_scheduler.state_dict()
         stored = _client_state.pack(state, _client_state.persistent_buffers(self.module))
         native.save_checkpoint(os.fspath(save_dir), tag, json.dumps(stored), exclude_frozen_parameters)
+        if self.global_rank == 0:
+            # DeepSpeed's recovery scripts, for zero's format (after the commit, as DeepSpeed).
+            from .checkpoint import write_recovery_scripts
+
+            write_recovery_scripts(save_dir)
         return True
 
     def load_checkpoint(
@@ -125,8 +132,8 @@ class CheckpointMethods:
         _client_state.load_buffers(self.module, buffers, load_module_strict)
         if isinstance(client, dict):
             sched = client.pop("__zero_lr_scheduler__", None)
-            if sched is not None and load_lr_scheduler_states and not load_module_only and self.client_lr_scheduler is not None:
-                self.client_lr_scheduler.load_state_dict(sched)
+            if sched is not None and load_lr_scheduler_states and not load_module_only and self._steps_client_scheduler():
+                self.lr_scheduler.load_state_dict(sched)
         if self._plan.kind == "external" and load_optimizer_states and not load_module_only:
             self._load_external_state(path)
         return path, client
@@ -214,10 +221,10 @@ class CheckpointMethods:
         if (
             load_lr_scheduler_states
             and not load_module_only
-            and self.client_lr_scheduler is not None
+            and self._steps_client_scheduler()
             and ck.lr_scheduler is not None
         ):
-            self.client_lr_scheduler.load_state_dict(ck.lr_scheduler)
+            self.lr_scheduler.load_state_dict(ck.lr_scheduler)
         return ck.client_state
 
     def save_16bit_model(

@@ -128,8 +128,12 @@ class Runtime:
         build: Callable[[List[Unit]], Any],
         stage: int,
         device: torch.device = torch.device("cpu"),
+        persistence_threshold: int = 0,
     ):
         self.model = model
+        self.persistence_threshold = persistence_threshold
+        """``stage3_param_persistence_threshold``: parameters of at most this many
+        elements are kept whole in stage 3."""
         self.device = device
         self.stream: Callable[[], int] = (
             (lambda: torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (lambda: 0)

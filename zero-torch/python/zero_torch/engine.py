@@ -10,13 +10,14 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _hooks, _lazy_init, _native
+from . import _hooks, _lazy_init, _native, _param_protocol
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hf import HfCheckpointMethods
 from ._hooks import Runtime
 from ._model import Registry, Unit, register
 from ._optim import Driver, Plan
+from ._throughput import ThroughputTimer
 from .errors import ConfigError, OrderError, UnsupportedError
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -80,8 +81,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         self._rendezvous_port = rendezvous_port
         self._plan = plan if plan is not None else Plan(kind="none", basic=None)
         self.client_lr_scheduler = lr_scheduler
-        """A scheduler given to ``initialize`` (stepped after every optimizer step that was
-        not skipped, as DeepSpeed steps it)."""
+        """A scheduler given to ``initialize``. What ``step()`` steps is
+        ``engine.lr_scheduler``, which starts as this one."""
         self._driver = Driver(
             self._plan,
             config_schedule=bool(resolved.get("scheduler")) and lr_scheduler is None,
@@ -98,9 +99,13 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         """The optimizer's parameters by name, in its order (what a DeepSpeed stage-0
         checkpoint's optimizer state is in)."""
         self._registry: Registry = register(model, trained, self._plan.group_of)
-        self._runtime = Runtime(model, self._registry, self._build, int(resolved["stage"]), self.device)
+        self._runtime = Runtime(
+            model, self._registry, self._build, int(resolved["stage"]), self.device,
+            int(resolved.get("param_persistence_threshold", 0)),
+        )
         self._runtime.on_built = self._driver.on_built
         self._runtime.install()
+        _param_protocol.adopt(self._runtime, model)
         from . import zero
 
         zero.apply_pending(self._runtime)
@@ -115,12 +120,21 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         self.basic_optimizer: Optional[torch.optim.Optimizer] = self._plan.basic
         """The torch optimizer holding the parameter groups (the one passed in, or the one
         the config's section made)."""
+        self.lr_scheduler: Any = None
+        """The scheduler ``step()`` steps after every optimizer step that was not skipped,
+        as DeepSpeed's ``engine.lr_scheduler``: the one given to ``initialize``, else a view
+        of the config's schedule (which runs inside the engine), else ``None``. A script may
+        assign it: ``None`` (Lightning does, then steps the scheduler itself) or another
+        scheduler takes effect at the next step."""
         if lr_scheduler is not None:
-            self.lr_scheduler: Any = lr_scheduler
+            self.lr_scheduler = lr_scheduler
         elif resolved.get("scheduler"):
             self.lr_scheduler = _SchedulerView(self)
-        else:
-            self.lr_scheduler = None
+        self.tput_timer = ThroughputTimer(
+            config, batch_size=self.train_batch_size(), steps_per_output=self.steps_per_print(), device=self.device
+        )
+        """DeepSpeed's throughput timer (started at every forward, stopped at every
+        ``step()``)."""
         zero._ENGINES.add(self)
 
     # ---- the engine ---------------------------------------------------------------
@@ -193,6 +207,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         are first used, and builds the engine). Outputs that need a gradient are marked so
         that a plain ``loss.backward()`` is scaled as ``engine.backward(loss)`` scales it
         (by the loss scale over the accumulation steps)."""
+        self.tput_timer.start()
         out = self.module(*args, **kwargs)
         self._runtime.settle_collectives()
         if torch.is_grad_enabled():
@@ -258,12 +273,16 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
 
     def step(self, lr_kwargs: Optional[Dict[str, Any]] = None) -> None:
         """Counts a micro-step; at the accumulation boundary, the optimizer step
-        (unscale, overflow check, clipping, the optimizer, the LR schedule; a client
-        scheduler's ``step(**lr_kwargs)`` after a step that was not skipped)."""
+        (unscale, overflow check, clipping, the optimizer, the config's LR schedule; after
+        a step that was not skipped, ``engine.lr_scheduler.step(**lr_kwargs)`` when it is a
+        scheduler object)."""
         if self._plan.kind == "none":
             raise ConfigError("step() needs an optimizer: the config has no optimizer section and initialize() got no optimizer=")
-        if lr_kwargs and self.client_lr_scheduler is None:
-            raise UnsupportedError("step(lr_kwargs=...) needs a scheduler given to initialize(lr_scheduler=...)")
+        if lr_kwargs and not self._steps_client_scheduler():
+            raise UnsupportedError(
+                "step(lr_kwargs=...) needs a scheduler object in engine.lr_scheduler (one given to "
+                "initialize(lr_scheduler=...) or assigned since)"
+            )
         rt = self._runtime
         rt.check_grads()
         if rt.passes_since_step == 0:
@@ -275,8 +294,33 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             rt.sync_user_changes()
             self._last_step = self._driver.step(self._native)
             rt.write_back()
-            if not self._last_step["skipped"] and self.client_lr_scheduler is not None:
-                self.client_lr_scheduler.step(**(lr_kwargs or {}))
+            if not self._last_step["skipped"]:
+                self._step_scheduler(lr_kwargs)
+        self.tput_timer.stop(global_step=boundary, report_speed=boundary and self.global_rank == 0)
+
+    def _steps_client_scheduler(self) -> bool:
+        """Whether ``engine.lr_scheduler`` is a scheduler object the engine steps itself
+        (the config's schedule runs inside the engine; ``None`` steps nothing)."""
+        return self.lr_scheduler is not None and not isinstance(self.lr_scheduler, _SchedulerView)
+
+    def _step_scheduler(self, lr_kwargs: Optional[Dict[str, Any]]) -> None:
+        """After an optimizer step that was not skipped, as DeepSpeed's
+        ``_take_model_step``: ``engine.lr_scheduler`` as it is now is stepped (a script
+        that assigned ``None``, as Lightning does to step the scheduler itself, steps
+        nothing; another scheduler assigned is the one stepped), with ``lr_kwargs``, and
+        with ``train_batch_size()`` where that raises ``TypeError`` (DeepSpeed's fallback for
+        Megatron-style schedulers). The torch optimizer is first marked as stepped, as
+        torch's scheduler wrapper marks it when ``optimizer.step()`` runs: the engine stepped
+        its parameters, so torch's "lr_scheduler.step() before optimizer.step()" warning,
+        which DeepSpeed never causes, does not fire."""
+        if not self._steps_client_scheduler():
+            return
+        if self._plan.basic is not None:
+            self._plan.basic._opt_called = True  # type: ignore[attr-defined]
+        try:
+            self.lr_scheduler.step(**(lr_kwargs or {}))
+        except TypeError:
+            self.lr_scheduler.step(self.train_batch_size())
 
     def zero_grad(self) -> None:
         """Clears the model's ``.grad`` (what another engine's backward left there), and
@@ -340,7 +384,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         return None if self._plan.basic is None else type(self._plan.basic).__name__
 
     def steps_per_print(self) -> Optional[int]:
-        return self._config.get("steps_per_print")
+        """The config's ``steps_per_print`` (DeepSpeed's default: 10)."""
+        return self._config.get("steps_per_print", 10)
 
     def wall_clock_breakdown(self) -> bool:
         return bool(self._config.get("wall_clock_breakdown", False))
@@ -441,10 +486,13 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             raise AttributeError(name)
         try:
             return getattr(self.module, name)
-        except AttributeError:
+        except AttributeError as e:
             if name in DEEPSPEED_ENGINE_MEMBERS:
                 raise self.not_provided(name) from None
-            raise
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute '{name}', and neither has its model "
+                f"({type(self.module).__name__}), which the engine's attributes fall through to"
+            ) from e
 
     def destroy(self) -> None:
         """Removes the hooks (the engine is gone once this object is)."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from ._native import CheckpointError, CommError, ConfigError, DeviceError, OrderError, ZeroError
 
 
@@ -51,7 +53,14 @@ class DistNotInitializedError(AssertionError, ZeroError):
     exists (an ``AssertionError``, as DeepSpeed's own check is an ``assert``)."""
 
 
+class PartitionedParameterError(pickle.PicklingError, ZeroError):
+    """A ZeRO-3 parameter was pickled (``torch.save``) while partitioned: this rank holds
+    only its part, and saving it whole would need every rank. The message names it and
+    how to save it whole."""
+
+
 __all__ += [
+    "PartitionedParameterError",
     "NotProvidedAttributeError",
     "NotProvidedImportError",
     "NotProvidedModuleError",

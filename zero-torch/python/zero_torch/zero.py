@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import abc
 from typing import Any, Callable, Iterable, List, Optional, Union
 
 import torch
@@ -17,18 +18,44 @@ parameters)."""
 
 
 def _engine_of(params: List[torch.nn.Parameter], before_engine: bool = False) -> Any:
-    """The engine that owns every one of ``params``; with ``before_engine``, ``None``
-    where none owns any of them (a model no engine has taken yet)."""
-    for engine in list(_ENGINES):
-        reg = engine._registry
-        if all(id(p) in reg.by_id for p in params):
-            return engine
-    if before_engine and not any(id(p) in e._registry.by_id for e in list(_ENGINES) for p in params):
+    """The engine that holds ``params``; with ``before_engine``, the one that holds any of
+    them (the others are not ZeRO parameters, which DeepSpeed's ``GatheredParameters``
+    leaves alone too), or ``None`` where none does (a model no engine has taken yet)."""
+    holders = [e for e in list(_ENGINES) if any(id(p) in e._registry.by_id for p in params)]
+    if len(holders) == 1 and (before_engine or all(id(p) in holders[0]._registry.by_id for p in params)):
+        return holders[0]
+    if not holders and before_engine:
         return None
     raise ValueError(
         "GatheredParameters: these parameters belong to no zero_torch engine, or to several "
         "(pass the parameters of one model)"
     )
+
+
+def _param_list(params: Any) -> List[torch.nn.Parameter]:
+    """What DeepSpeed's ``GatheredParameters`` accepts as ``params``: one tensor, or any
+    iterable of them (a list, a tuple, a generator such as ``model.parameters()``), where
+    ``None`` entries (a module's missing bias) are skipped; ``None`` alone is nothing. Any
+    other entry is a ``TypeError`` naming it (DeepSpeed would silently gather nothing)."""
+    if params is None:
+        return []
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if not isinstance(params, abc.Iterable):
+        raise TypeError(
+            f"GatheredParameters takes a parameter or an iterable of parameters, not {type(params).__name__}"
+        )
+    out = []
+    for i, p in enumerate(params):
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(
+                f"GatheredParameters: entry {i} is a {type(p).__name__}, not a parameter (pass "
+                "module.parameters() to gather a module's)"
+            )
+        out.append(p)
+    return out
 
 
 class GatheredParameters:
@@ -52,14 +79,12 @@ class GatheredParameters:
 
     def __init__(
         self,
-        params: Union[torch.nn.Parameter, Iterable[torch.nn.Parameter]],
+        params: Union[None, torch.nn.Parameter, Iterable[Optional[torch.nn.Parameter]]],
         modifier_rank: Optional[int] = None,
         fwd_module: Any = None,
         enabled: bool = True,
     ) -> None:
-        if isinstance(params, torch.Tensor):
-            params = [params]
-        self.params: List[torch.nn.Parameter] = list(params)
+        self.params: List[torch.nn.Parameter] = _param_list(params)
         self.modifier_rank = modifier_rank
         self.enabled = enabled and bool(self.params)
         del fwd_module
@@ -87,6 +112,13 @@ class GatheredParameters:
             self._written = [p for p in lazy if id(p) not in fixed_ids]
             if self._written:
                 _lazy_shards.materialize(self._written)
+            return self
+        held = self._engine._registry.by_id
+        # Parameters no engine holds (a module built after initialize) are left alone, as
+        # DeepSpeed leaves a parameter without ds_id.
+        self.params = [p for p in self.params if id(p) in held]
+        if not self.params:
+            self.enabled = False
             return self
         rt = self._engine._runtime
         rt.ensure_built()

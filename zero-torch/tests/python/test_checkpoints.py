@@ -218,3 +218,50 @@ def test_a_checkpoint_without_frozen_parameters_resumes_on_the_models_own(job: A
     for r in job(2, "workers.frozen_excluded", {"stage": stage, "save_dir": save_dir, "mode": "strict"}, expect_ok=False):
         assert r.get("exception") == "CheckpointError", r
         assert "`inp.weight`" in r["error"] and "not in the checkpoint" in r["error"], r["error"]
+
+
+def test_recovery_scripts_and_deepspeeds_file_helpers(saved: Dict[str, Any], tmp_path: Path) -> None:
+    """``save_checkpoint`` writes DeepSpeed's ``zero_to_fp32.py`` and ``zero_to_torch.py``
+    into the folder (for zero's format); they consolidate as DeepSpeed's do. DeepSpeed's
+    file helpers (what Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` opens)
+    find the stage and the client state of a zero tag folder, which is left untouched."""
+    import sys
+
+    from zero_torch._deepspeed.utils import zero_to_fp32 as ds
+
+    ckpt = Path(saved["dirs"]["ckpt"])
+    at_save = saved["run"]["at_save"]
+    for name in ("zero_to_fp32.py", "zero_to_torch.py"):
+        assert os.access(ckpt / name, os.X_OK), name
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, str(ckpt / "zero_to_fp32.py"), str(ckpt), str(tmp_path / "fp32")], env=env, check=True)
+    state = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
+    assert set(state) == set(at_save) and all(torch.equal(state[n], t) for n, t in at_save.items())
+    subprocess.run([sys.executable, str(ckpt / "zero_to_torch.py"), str(ckpt), str(tmp_path / "bf16"), "--dtype", "bf16",
+                    "--safe_serialization"], env=env, check=True)
+    from safetensors.torch import load_file
+
+    half = load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert all(torch.equal(half[n], t.to(torch.bfloat16)) for n, t in at_save.items())
+    bad = subprocess.run([sys.executable, str(ckpt / "zero_to_torch.py"), str(ckpt), str(tmp_path / "x"), "--dtype", "int8"],
+                         env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "invalid choice: 'int8'" in bad.stderr, bad.stderr
+
+    # Lightning's converter, as written there: the stage from the first optimizer file, the
+    # client state from the model-states file.
+    with open(ckpt / "latest") as f:
+        tag_dir = ckpt / f.read().strip()
+    before = sorted(os.listdir(tag_dir))
+    optim = torch.load(ds.get_optim_files(str(tag_dir))[0], map_location="cpu", weights_only=False)
+    stage = optim["optimizer_state_dict"]["zero_stage"]
+    assert stage == 3
+    client = torch.load(ds.get_model_state_file(str(tag_dir), stage), map_location="cpu", weights_only=False)
+    assert client["epoch"] == 7 and torch.equal(client["order"], torch.arange(5))
+    assert (client["global_steps"], client["dp_world_size"], client["mp_world_size"]) == (SAVE_AT, 4, 1)
+    assert client["ds_version"] == "0.19.8" and client["module"] is None
+    assert sorted(os.listdir(tag_dir)) == before, "the checkpoint was written to"
+    with pytest.raises(FileNotFoundError, match="can't find model states file"):
+        ds.get_model_state_file(str(tag_dir), 2)
+    with pytest.raises(FileNotFoundError, match=r"can't find \*_optim_states.pt files"):
+        ds.get_optim_files(str(tmp_path))
+    assert ds.zero3_partitioned_param_info(10, 4) == (3, 2)

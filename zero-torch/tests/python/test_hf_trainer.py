@@ -235,3 +235,51 @@ def test_accelerate_launch_use_deepspeed_trains_on_zero_with_the_variable(model_
     assert len(got["losses"]) == len(want["losses"]) > 0, (got, want)
     for i, (a, b) in enumerate(zip(got["losses"], want["losses"])):
         assert close(a, b), f"micro-step {i}: loss {a} under accelerate launch on zero, {b} on DeepSpeed"
+
+
+@pytest.fixture(scope="module")
+def dropout_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 with dropout (tied head without a bias, as GPT-2's)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("gpt2-dropout")
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+                        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_resize_token_embeddings_at_stage3_under_accelerate_launch(dropout_gpt2_dir: Path, tmp_path: Path) -> None:
+    """``hf_resize_script.py`` (``resize_token_embeddings`` after a ``zero.Init`` load, then
+    training with dropout) under ``accelerate launch --use_deepspeed --zero_stage 3
+    --zero3_init_flag true``: on zero (``ZERO_AS_DEEPSPEED=1``, no added line) every loss
+    within 1e-6 of DeepSpeed 0.19.8's and torch's generator in DeepSpeed's state at each,
+    so the new rows drew what DeepSpeed's drew and dropout saw the same stream."""
+    import zero_torch
+
+    pth = Path(zero_torch.__file__).parent.parent / "zero_torch_as_deepspeed.pth"
+    user = tmp_path / "user"
+    site = user / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    shutil.copy(pth, site / pth.name)
+    results = {}
+    for lib in ("zero", "deepspeed"):
+        out = tmp_path / lib
+        out.mkdir()
+        env = script_env(dropout_gpt2_dir, out, 3, "-", compat=False)
+        env["PYTHONUSERBASE"] = str(user)
+        env.pop("ZERO_AS_DEEPSPEED", None)
+        if lib == "zero":
+            env["ZERO_AS_DEEPSPEED"] = "1"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--zero_stage", "3",
+               "--zero3_init_flag", "true", "--num_processes", "2", "--num_machines", "1",
+               "--main_process_port", str(free_port()), str(HERE / "hf_resize_script.py")]
+        results[lib] = result_of(cmd, env, out, f"resize_token_embeddings at stage 3 on {lib}")
+    got, want = results["zero"], results["deepspeed"]
+    assert got["engine"].startswith("zero_torch") and want["engine"].startswith("deepspeed"), (got["engine"], want["engine"])
+    assert got["vocab"] == want["vocab"] == 70
+    assert len(got["losses"]) == len(want["losses"]) > 0
+    for i, (a, b) in enumerate(zip(got["losses"], want["losses"])):
+        assert abs(a - b) <= 1e-6 * abs(b), f"micro-step {i}: loss {a} on zero, {b} on DeepSpeed"
+    assert got["rng"] == want["rng"], "torch's generator is not in DeepSpeed's state"

@@ -59,6 +59,11 @@ HINTS: Dict[str, str] = {
     "deepspeed.PipelineEngine": _PIPELINE,
     "deepspeed.DualPipeVEngine": _PIPELINE,
     "deepspeed.DualPipeVModule": _PIPELINE,
+    "deepspeed.utils.zero_to_fp32.parse_model_states": (
+        "it reads DeepSpeed's internal checkpoint structures; zero's checkpoints are read whole by "
+        "get_fp32_state_dict_from_zero_checkpoint (zero_torch.checkpoint)"
+    ),
+    "deepspeed.utils.zero_to_fp32.parse_optim_states": "see deepspeed.utils.zero_to_fp32.parse_model_states",
     "deepspeed.inference": _INFERENCE,
     "deepspeed.init_inference": _INFERENCE,
     "deepspeed.InferenceEngine": _INFERENCE,

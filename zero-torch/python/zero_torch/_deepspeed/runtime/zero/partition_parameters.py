@@ -1,4 +1,5 @@
-"""``deepspeed.runtime.zero.partition_parameters``: ``Init`` and ``GatheredParameters``,
+"""``deepspeed.runtime.zero.partition_parameters``: ``Init``, ``GatheredParameters`` and
+``ZeroParamStatus`` (the states of a ZeRO-3 parameter's ``ds_status``),
 and the two hooks Hugging Face transformers swaps while it builds a model under
 ``zero.Init`` (``zero_wrapper_for_fp_tensor_constructor`` and ``_orig_torch_arange``).
 zero's ``Init`` wraps no tensor constructor, so swapping the wrapper changes nothing."""
@@ -10,6 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from zero_torch import zero as _zero
+from zero_torch._param_protocol import ZeroParamStatus  # noqa: F401
 from zero_torch.accelerator import get_accelerator  # noqa: F401 - read by transformers
 from zero_torch.zero import DeepSpeedInit as Init  # noqa: F401
 from zero_torch.zero import GatheredParameters  # noqa: F401
@@ -43,5 +45,5 @@ def zero_wrapper_for_fp_tensor_constructor(
     return wrapped_fn
 
 
-__all__ = ["Init", "GatheredParameters", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = ["Init", "GatheredParameters", "ZeroParamStatus", "zero_wrapper_for_fp_tensor_constructor"]
 __getattr__ = module_getattr(__name__, _zero, ("register_external_parameter", "unregister_external_parameter"))

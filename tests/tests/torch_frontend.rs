@@ -15,7 +15,7 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The folder holding torch, transformers, deepspeed, pytest and maturin, if usable.
+/// The folder holding torch, transformers, deepspeed, pytest, maturin and Lightning, if usable.
 fn site() -> Option<PathBuf> {
     let site = PathBuf::from(std::env::var_os("ZERO_TORCH_SITE")?);
     let needed = [
@@ -24,6 +24,7 @@ fn site() -> Option<PathBuf> {
         "deepspeed",
         "pytest",
         "bin/maturin",
+        "lightning",
     ];
     needed.iter().all(|n| site.join(n).exists()).then_some(site)
 }
@@ -72,7 +73,7 @@ fn required() -> bool {
 fn zero_torch_passes_its_python_tests() {
     let Some(site) = site() else {
         let msg = "SKIPPED zero-torch's Python tests: ZERO_TORCH_SITE does not hold torch, \
-                   transformers, deepspeed, pytest and maturin (.ci/run installs them)";
+                   transformers, deepspeed, pytest, maturin and lightning (.ci/run installs them)";
         assert!(!required(), "{msg}");
         println!("{msg}");
         return;

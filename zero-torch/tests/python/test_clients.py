@@ -1,5 +1,6 @@
-"""The client suite: six public DeepSpeed training scripts (``tests/clients/``, each with
-its ``ORIGIN.md``), run untouched except for one added first line,
+"""The client suite: eight public DeepSpeed clients (``tests/clients/``, each with its
+``ORIGIN.md``: six DeepSpeed training scripts, DeepSpeed-Chat step 1, Lightning's
+``DeepSpeedStrategy``), run untouched except for one added first line,
 ``import zero_torch.deepspeed_compat``, with 2 processes under ``torchrun`` and under the
 ``deepspeed`` launcher, against DeepSpeed 0.19.8 running the committed script as it is.
 
@@ -22,6 +23,7 @@ reason says how (raised as ``Mismatch`` only: any other failure still fails the 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import math
 import os
@@ -35,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -79,7 +81,10 @@ class Case:
     """Under torchrun, pass ``--local_rank=$LOCAL_RANK`` (as the deepspeed launcher does)."""
     resume: Optional[Tuple[str, ...]] = None
     """Args of a second run that resumes from the first's checkpoint (``{exp}`` = the
-    experiment folder the first run made)."""
+    experiment folder the first run made, ``{root}`` = the folder both runs share)."""
+    experiment: Optional[str] = None
+    """A glob (in the first run's folder) naming the one experiment folder the first run
+    makes, which ``{exp}`` then names (HelloDeepSpeed's ``experiments/bert_pretrain.*``)."""
     launchers: Tuple[str, ...] = ("torchrun", "deepspeed")
     xfail: Optional[str] = None
     xfail_raises: type = Mismatch
@@ -90,6 +95,15 @@ class Case:
     refused: Optional[str] = None
     """zero refuses the configuration (a DeepSpeed feature it does not implement): its run
     must fail with an error containing this text, on every rank."""
+    needs: Tuple[str, ...] = ()
+    """Python packages the script imports beyond torch, transformers and DeepSpeed
+    (Lightning): a visible skip where one is missing, a failure in CI."""
+    keep: Tuple[str, ...] = ()
+    """Files a run writes (templates, as ``args``), read after each phase where they exist
+    and compared by ``check``."""
+    check: Optional[Callable[["Case", "Run", "Run"], str]] = None
+    """Compares what DeepSpeed's and zero's runs wrote (``Run.kept``) beyond the losses;
+    raises ``Mismatch``; returns a summary for the suite's report."""
 
 
 # ---- the configurations ------------------------------------------------------------------
@@ -114,6 +128,109 @@ HELLO_ARGS = ("--num_layers", "2", "--num_heads", "4", "--h_dim", "64", "--ff_di
 GAN_ARGS = ("--dataset", "fake", "--batchSize", "8", "--imageSize", "64", "--workers", "0", "--epochs", "1",
             "--ngf", "16", "--ndf", "16")
 OFFLOAD_STATES_ARGS = ("--hidden_dim", "32", "--nlayers", "2", "--iteration", "4", "--warmup", "1")
+
+# DeepSpeed-Chat step 1 (supervised fine-tuning): a tiny OPT with dropout and its tokenizer
+# (``deepspeed_chat/make_tiny_model.py``, ``{model}``), its own ``local/jsonfile`` data, bf16
+# as its configs are, 6 steps. Stage 2 with --offload (DeepSpeedCPUAdam; offload_param at
+# stage 2, which DeepSpeed ignores), stage 3 with LoRA on a frozen base and gradient
+# checkpointing, stage 3 with --offload (parameters and optimizer on the host). Each ends
+# with DeepSpeed-Chat's own save (``save_hf_format``; at stage 3 ``save_zero_three_model``,
+# which gathers a parameter "if it has ds_id"): the saved model must load with
+# ``torch.load(weights_only=True)`` into plain transformers and hold DeepSpeed's values.
+DSCHAT_ARGS = ("--model_name_or_path", "{model}", "--data_path", "local/jsonfile", "--data_split", "10,0,0",
+               "--data_output_path", "{work}/data", "--per_device_train_batch_size", "2",
+               "--per_device_eval_batch_size", "2", "--max_seq_len", "32", "--num_train_epochs", "1", "--seed", "1234",
+               "--dtype", "bf16", "--print_loss", "--output_dir", "{work}/out")
+DSCHAT_SAVED = ("{work}/out/pytorch_model.bin", "{work}/out/config.json")
+DSCHAT_LR = 1e-3
+"""DeepSpeed-Chat's default ``--learning_rate``."""
+# Lightning's DeepSpeedStrategy on the model of Lightning's own DeepSpeed tests, fp32: 6
+# steps saving last.ckpt every 3, then a resume from it to step 10 that ends with
+# Lightning's convert_zero_checkpoint_to_fp32_state_dict.
+LIGHTNING_ARGS = ("--ckpt_dir", "{root}/ckpt", "--out", "{root}/out")
+LIGHTNING_KEEP = ("{root}/out/result-first.pt", "{root}/out/result-resume.pt")
+
+
+def tiny_model() -> str:
+    """DeepSpeed-Chat's tiny model folder, built once per test session."""
+    global _TINY
+    if _TINY is None:
+        folder = Path(tempfile.mkdtemp(prefix="zt-dschat-model-"))
+        subprocess.run([sys.executable, str(CLIENTS / "deepspeed_chat" / "make_tiny_model.py"), str(folder)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _TINY = str(folder)
+    return _TINY
+
+
+_TINY: Optional[str] = None
+
+
+def check_dschat_save(case: "Case", ds: "Run", zero: "Run") -> str:
+    """DeepSpeed-Chat's saved model (zero's run): loads with ``weights_only=True`` (no
+    zero_torch class inside) into plain ``OPTForCausalLM``, every tensor whole and within
+    what Adam's rounding noise allows of DeepSpeed's (one lr per step: DeepSpeed and zero
+    round Adam apart in the last bf16 bit, and an element whose gradient is noise moves by
+    up to lr per step either way)."""
+    import io
+
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    saved = {}
+    for name, run in (("DeepSpeed", ds), ("zero", zero)):
+        assert DSCHAT_SAVED[0] in run.kept, f"{case.name}: {name} saved no pytorch_model.bin"
+        saved[name] = torch.load(io.BytesIO(run.kept[DSCHAT_SAVED[0]]), weights_only=True)
+    a, b = saved["DeepSpeed"], saved["zero"]
+    if set(a) != set(b):
+        raise Mismatch(f"{case.name}: saved names differ: only DeepSpeed {sorted(set(a) - set(b))}, only zero {sorted(set(b) - set(a))}")
+    shapes = [(k, tuple(a[k].shape), tuple(b[k].shape)) for k in a if a[k].shape != b[k].shape]
+    if shapes:
+        raise Mismatch(f"{case.name}: saved shapes differ (DeepSpeed, zero): {shapes[:6]}")
+    steps = sum(1 for x in zero.losses[0] if x["via"] == "engine.backward")
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    if worst > DSCHAT_LR * steps:
+        raise Mismatch(f"{case.name}: the saved model differs from DeepSpeed's by {worst:.3g} (over {steps} steps of lr {DSCHAT_LR})")
+    config = OPTConfig.from_dict(json.loads(zero.kept[DSCHAT_SAVED[1]]))
+    missing, unexpected = OPTForCausalLM(config).load_state_dict(b, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied to the embeddings
+    return f"saved model: {len(b)} tensors, within {worst:.2g} of DeepSpeed's, loads into plain OPTForCausalLM"
+
+
+def check_lightning(case: "Case", ds: "Run", zero: "Run") -> str:
+    """Lightning's view of both runs: the learning rate after every step (Lightning steps
+    its scheduler, taken back from the engine: the same values), and what its
+    ``convert_zero_checkpoint_to_fp32_state_dict`` wrote (the same weights within 1e-6, and
+    Lightning's own checkpoint keys)."""
+    import io
+
+    import torch
+
+    got: Dict[str, Dict[str, Any]] = {}
+    for name, run in (("DeepSpeed", ds), ("zero", zero)):
+        got[name] = {k: torch.load(io.BytesIO(run.kept[k]), weights_only=True) for k in LIGHTNING_KEEP if k in run.kept}
+        assert len(got[name]) == 2, f"{case.name}: {name} wrote {sorted(got[name])}"
+    for k in LIGHTNING_KEEP:
+        a, b = got["DeepSpeed"][k], got["zero"][k]
+        if a["lrs"] != b["lrs"]:
+            raise Mismatch(f"{case.name}: learning rates differ: DeepSpeed {a['lrs']}, zero {b['lrs']}")
+        assert a["global_step"] == b["global_step"], (a["global_step"], b["global_step"])
+    a, b = got["DeepSpeed"][LIGHTNING_KEEP[1]], got["zero"][LIGHTNING_KEEP[1]]
+    from zero_torch._ds_checkpoint import DS_MODEL_KEYS
+
+    lightning_keys = [k for k in a["converted_keys"] if k not in DS_MODEL_KEYS]
+    missing = [k for k in lightning_keys if k not in b["converted_keys"]]
+    if missing:
+        raise Mismatch(f"{case.name}: the converted checkpoint lacks Lightning's {missing}")
+    assert (a["epoch"], a["converted_global_step"]) == (b["epoch"], b["converted_global_step"])
+    if set(a["state_dict"]) != set(b["state_dict"]):
+        raise Mismatch(f"{case.name}: converted names differ: {sorted(a['state_dict'])} vs {sorted(b['state_dict'])}")
+    worst = max(((a["state_dict"][n] - t).abs().max() / a["state_dict"][n].abs().max().clamp_min(1e-12)).item()
+                for n, t in b["state_dict"].items())
+    if worst > 1e-6:
+        raise Mismatch(f"{case.name}: the converted weights differ from DeepSpeed's by {worst:.3g} relative")
+    return (f"lr at every step as DeepSpeed's ({len(a['lrs'])} after the resume); converted checkpoint within "
+            f"{worst:.2g} of DeepSpeed's with Lightning's keys {lightning_keys}")
+
 
 CASES: List[Case] = CIFAR + [
     Case("bf16-master-weight-bf16", "bf16_master_weight", "train.py",
@@ -144,9 +261,26 @@ CASES: List[Case] = CIFAR + [
          OFFLOAD_STATES_ARGS + ("--dtype", "torch.float32"), "fp32"),
     Case("hello-resume-bf16", "hello_deepspeed", "train_bert_ds.py",
          ("--checkpoint_dir", "{work}/experiments", "--num_iterations", "5") + HELLO_ARGS, "bf16",
-         shims=("hello_deepspeed",), resume=("--load_checkpoint_dir", "{exp}", "--num_iterations", "10")),
+         shims=("hello_deepspeed",), resume=("--load_checkpoint_dir", "{exp}", "--num_iterations", "10"),
+         experiment="experiments/bert_pretrain.*"),
     Case("partial-offload-stage3-fp16", "partial_offload", "partial_offload_test.py", ("--zero", "3"), "fp16",
          local_rank_arg=True),
+    Case("dschat-stage2-offload-bf16", "deepspeed_chat", "main.py", DSCHAT_ARGS + ("--zero_stage", "2", "--offload"),
+         "bf16", shims=("deepspeed_chat",), local_rank_arg=True, launchers=TORCHRUN, keep=DSCHAT_SAVED,
+         check=check_dschat_save),
+    Case("dschat-stage3-lora-gc-bf16", "deepspeed_chat", "main.py",
+         DSCHAT_ARGS + ("--zero_stage", "3", "--lora_dim", "8", "--lora_module_name", "model.decoder.layers.",
+                        "--only_optimize_lora", "--gradient_checkpointing"),
+         "bf16", shims=("deepspeed_chat",), local_rank_arg=True, keep=DSCHAT_SAVED, check=check_dschat_save),
+    Case("dschat-stage3-offload-bf16", "deepspeed_chat", "main.py", DSCHAT_ARGS + ("--zero_stage", "3", "--offload"),
+         "bf16", shims=("deepspeed_chat",), local_rank_arg=True, launchers=TORCHRUN, keep=DSCHAT_SAVED,
+         check=check_dschat_save),
+    Case("lightning-stage2-resume", "lightning", "train.py", LIGHTNING_ARGS + ("--stage", "2", "--max_steps", "6"),
+         "fp32", needs=("lightning",), launchers=TORCHRUN, keep=LIGHTNING_KEEP, check=check_lightning,
+         resume=LIGHTNING_ARGS + ("--stage", "2", "--max_steps", "10", "--resume")),
+    Case("lightning-stage3-resume", "lightning", "train.py", LIGHTNING_ARGS + ("--stage", "3", "--max_steps", "6"),
+         "fp32", needs=("lightning",), launchers=TORCHRUN, keep=LIGHTNING_KEEP, check=check_lightning,
+         resume=LIGHTNING_ARGS + ("--stage", "3", "--max_steps", "10", "--resume")),
 ]
 
 # ---- running one script ------------------------------------------------------------------
@@ -262,6 +396,9 @@ class Run:
     seconds: float = 0.0
     retries: int = 0
     """First runs repeated because the ranks named their experiment folders apart."""
+    kept: Dict[str, bytes] = field(default_factory=dict)
+    """The files of ``Case.keep`` (by template) as written after the last phase that wrote
+    each."""
 
 
 def _tail(log: Path, n: int = 6000) -> str:
@@ -298,14 +435,16 @@ def run_case(case: Case, engine: str, launcher: str) -> Run:
             for attempt in range(3):
                 cwd = work / f"cwd{phase}-{attempt}"
                 cwd.mkdir()
-                args = [a.format(dir=folder, work=cwd if phase == 0 else work, exp=exp, config=config) for a in template]
+                names = dict(dir=folder, work=cwd if phase == 0 else work, exp=exp, config=config, root=work,
+                             model=tiny_model() if "{model}" in " ".join(template) else "")
+                args = [a.format(**names) for a in template]
                 record = cwd / "losses-{rank}.json"
                 rc, seconds = _launch(launcher, script, args, cwd, _child_env(record, case, launcher), log)
                 result.seconds += seconds
-                if phase == 0 and case.resume:
+                if phase == 0 and case.experiment is not None:
                     # train_bert_ds.py names its experiment folder from each rank's clock (to the
                     # second): when the ranks straddle a second they disagree (the script's own race).
-                    made = sorted((cwd / "experiments").glob("bert_pretrain.*")) if (cwd / "experiments").is_dir() else []
+                    made = sorted(cwd.glob(case.experiment))
                     if len(made) > 1:
                         result.retries += 1
                         continue
@@ -318,6 +457,10 @@ def run_case(case: Case, engine: str, launcher: str) -> Run:
             if rc != 0:
                 failed = RunFailed if engine == "zero" else AssertionError
                 raise failed(f"{case.name} on {engine} under {launcher} exited with {rc}:\n{_tail(log)}")
+            for keep in case.keep:
+                path = Path(keep.format(**names))
+                if path.is_file():
+                    result.kept[keep] = path.read_bytes()
             for r in range(WORLD):
                 path = Path(str(record).format(rank=r))
                 assert path.exists(), f"{case.name} on {engine}: rank {r} recorded nothing\n{_tail(log)}"
@@ -427,6 +570,10 @@ def test_client_trains_as_deepspeed(case: Case, launcher: str) -> None:
         pytest.skip(why)
     if launcher == "deepspeed" and _deepspeed_launcher() is None:
         pytest.skip("the deepspeed launcher is not found (PATH, ZERO_TORCH_SITE/bin)")
+    for package in case.needs:
+        if importlib.util.find_spec(package) is None:
+            assert os.environ.get("ZERO_REQUIRE_TORCH") != "1", f"{case.name} needs {package} (.ci/run installs it)"
+            pytest.skip(f"{case.name} needs {package}, which is not installed")
     if case.refused is not None:
         with pytest.raises(RunFailed) as refused:
             run_case(case, "zero", launcher)
@@ -455,11 +602,18 @@ def test_client_trains_as_deepspeed(case: Case, launcher: str) -> None:
         _SUMMARY.append(line + f"DIFFERS (xfail: {case.xfail is not None}); zero {zero.seconds:.1f} s, "
                         f"DeepSpeed {ds.seconds:.1f} s: " + str(e).splitlines()[0])
         raise
+    extra = ""
+    if case.check is not None:
+        try:
+            extra = "; " + case.check(case, ds, zero)
+        except Mismatch as e:
+            _SUMMARY.append(line + "DIFFERS: " + str(e).splitlines()[0])
+            raise
     ulps = f", {got['worst_ulps']:.2g} {case.precision} ulps" if case.precision != "fp32" else ""
     if ds.retries or zero.retries:
         line += f"(first run repeated: DeepSpeed {ds.retries}x, zero {zero.retries}x) "
     _SUMMARY.append(line + f"{got['count']} losses, worst {got['worst_rel']:.3g} relative{ulps} ({got['where']}); "
-                    f"zero {zero.seconds:.1f} s, DeepSpeed {ds.seconds:.1f} s")
+                    f"zero {zero.seconds:.1f} s, DeepSpeed {ds.seconds:.1f} s{extra}")
     print(_SUMMARY[-1])
 
 

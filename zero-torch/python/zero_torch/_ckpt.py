@@ -274,7 +274,9 @@ class CheckpointMethods:
 
     def _consolidated_state_dict(self) -> Dict[str, torch.Tensor]:
         """The model's ``state_dict`` with every parameter whole, on rank 0 (empty
-        elsewhere); stage 3 gathers one module's parameters at a time."""
+        elsewhere), in host memory as DeepSpeed's: stage 3 gathers one module's parameters
+        at a time and each gathered tensor is copied to the host before the next gather, so
+        no device holds more than one module whole (tied names share one tensor)."""
         from .zero import GatheredParameters
 
         values: Dict[int, torch.Tensor] = {}
@@ -283,10 +285,10 @@ class CheckpointMethods:
             with GatheredParameters([p.param for p in u.params]):
                 if self.global_rank == 0:
                     for p in u.params:
-                        values[id(p.param)] = p.param.detach().clone()
+                        values[id(p.param)] = p.param.detach().to("cpu", copy=True)
         if self.global_rank != 0:
             return {}
         out: Dict[str, torch.Tensor] = {}
         for name, t in self.module.state_dict(keep_vars=True).items():
-            out[name] = values[id(t)] if id(t) in values else t.detach().clone()
+            out[name] = values[id(t)] if id(t) in values else t.detach().to("cpu", copy=True)
         return out

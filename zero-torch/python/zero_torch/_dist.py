@@ -2,11 +2,21 @@
 
 DeepSpeed's ``initialize`` (and ``deepspeed.init_distributed``) creates torch's default
 group, so scripts can call ``torch.distributed.barrier()`` or build a
-``DistributedSampler``. zero's own collectives do not go through it (the engine has its
+``DistributedSampler``. The engine's collectives do not go through it (the engine has its
 own group: shared memory on the CPU, NCCL on GPUs), but zero creates it too, and uses it
-for three small things: rank 0's initial parameters and buffers reach every rank, the
-port of zero's own rendezvous is agreed (so it never collides with torch's store on
-``MASTER_PORT``), and ``deepspeed.comm`` delegates to it.
+for small host-side things: rank 0's initial parameters and buffers reach every rank,
+``GatheredParameters`` before an engine exists (transformers' ZeRO-3 loading: a broadcast,
+or the shards of ``_lazy_shards``), every rank's word on whether a block failed, and the
+port of zero's own rendezvous (so it never collides with torch's store on
+``MASTER_PORT``); ``deepspeed.comm`` delegates the script's own collectives to it.
+
+NCCL's rule: its groups serve CUDA tensors only (a CPU tensor is an error, at world size 2
+and above). zero's host-side tensors are CPU tensors, so they never go through a group
+whose backend is not gloo: :func:`host_group` is torch's default group where that is
+gloo, else a gloo group over the same ranks that zero creates once (``new_group``, on
+every rank at the same point: the first host-side collective, which every rank reaches
+in the same order). ``test_nccl_rules.py`` runs zero's host-side paths under a backend
+that refuses what NCCL refuses.
 """
 
 from __future__ import annotations
@@ -186,6 +196,21 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+_HOST_GROUP: List[Any] = []
+"""The gloo group :func:`host_group` made (at most one; empty before)."""
+
+
+def host_group() -> Any:
+    """The group zero's host-side collectives (CPU tensors, pickled objects) use: ``None``
+    (torch's default group) where its backend is gloo; otherwise a gloo group over every
+    rank, made on first use (a collective: every rank calls this at the same point)."""
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo", timeout=default_timeout()))
+    return _HOST_GROUP[0]
+
+
 def agree_rendezvous_port() -> Optional[int]:
     """A port for zero's own rendezvous, chosen by rank 0 (free on its host) and
     broadcast over torch's default group: zero's rendezvous then never competes with
@@ -194,7 +219,7 @@ def agree_rendezvous_port() -> Optional[int]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     box: List[Optional[int]] = [_free_port() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0, device=_object_device())
+    dist.broadcast_object_list(box, src=0, group=host_group())
     return box[0]
 
 
@@ -203,14 +228,8 @@ def broadcast_text(text: str) -> str:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return text
     box: List[str] = [text]
-    dist.broadcast_object_list(box, src=0, device=_object_device())
+    dist.broadcast_object_list(box, src=0, group=host_group())
     return box[0]
-
-
-def _object_device() -> Optional[torch.device]:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None
 
 
 def broadcast_model(module: torch.nn.Module) -> None:
@@ -232,16 +251,17 @@ def failed_ranks(failed: bool) -> List[int]:
     leaving them waiting in it. Only this rank's answer in a world of one."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [dist.get_rank() if dist.is_initialized() else 0] if failed else []
-    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32, device=_object_device() or "cpu")
+    flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
     flags[dist.get_rank()] = int(failed)
-    dist.all_reduce(flags)
+    dist.all_reduce(flags, group=host_group())
     return [r for r, f in enumerate(flags.tolist()) if f]
 
 
 def broadcast_tensors(tensors: List[torch.Tensor], src: int) -> None:
     """Rank ``src``'s values of ``tensors`` (the same list, in the same order, on every
     rank) written into them on every rank; nothing in a world of one. One collective per
-    dtype and device: the tensors are flattened into one buffer each."""
+    dtype and device, over :func:`host_group`: the tensors are flattened into one host
+    buffer each (a CUDA tensor crosses to the host and back)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     seen = set()
@@ -251,12 +271,11 @@ def broadcast_tensors(tensors: List[torch.Tensor], src: int) -> None:
             continue
         seen.add(id(t))
         groups.setdefault((t.dtype, t.device), []).append(t)
+    group = host_group()
     for (dtype, device), ts in groups.items():
-        if dist.get_backend() == "gloo" and device.type != "cpu":
-            raise CommError(f"tensors on {device} cannot cross a gloo group")
-        flat = torch.cat([t.detach().reshape(-1) for t in ts])
+        flat = torch.cat([t.detach().reshape(-1).cpu() for t in ts])
         as_bytes = flat.view(torch.uint8) if dtype.is_floating_point or dtype == torch.bool else flat
-        dist.broadcast(as_bytes, src=src)
+        dist.broadcast(as_bytes, src=src, group=group)
         at = 0
         with torch.no_grad():
             for t in ts:

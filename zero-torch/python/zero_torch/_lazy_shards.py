@@ -11,8 +11,9 @@ whole plus ``1/world`` of the rest, and the bytes crossing are the model's once.
 engine is built it gathers one parameter at a time from the shards (every rank asks in the
 same order: the collectives line up) and keeps the ranges it owns.
 
-All collectives run on torch's default group, on the CPU (a written placeholder is made
-only where that group is gloo), as bytes: one per dtype per block."""
+All collectives run on the CPU, over zero's host group (``_dist.host_group``: torch's
+default group where it is gloo, else a gloo group over the same ranks), as bytes: one per
+dtype per block."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _lazy_init
+from . import _dist, _lazy_init
 
 
 def _world() -> Tuple[int, int]:
@@ -69,7 +70,7 @@ def gather(params: List[torch.nn.Parameter]) -> List[torch.Tensor]:
             parts = [mine]
         else:
             parts = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather([_bytes(t) for t in parts], _bytes(mine))
+            dist.all_gather([_bytes(t) for t in parts], _bytes(mine), group=_dist.host_group())
         at = 0
         for p in ps:
             c = _chunk(p.numel(), world)
@@ -116,7 +117,7 @@ def keep_shards(params: List[torch.nn.Parameter], src: int) -> None:
                           for p, c in zip(ps, chunks)]
                 pieces = [_bytes(torch.cat([f[r * c:(r + 1) * c] for f, c in zip(padded, chunks)]))
                           for r in range(world)]
-            dist.scatter(_bytes(mine), pieces, src=src)
+            dist.scatter(_bytes(mine), pieces, src=src, group=_dist.host_group())
         at = 0
         for p, c in zip(ps, chunks):
             p._zero_shard = mine[at:at + c]  # type: ignore[attr-defined]

@@ -85,6 +85,19 @@ def test_a_side_stream_gives_the_default_streams_bits(stage: int) -> None:
     assert side["losses"] == base["losses"]
 
 
+@needs_gpu
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_consolidated_state_dict_is_in_host_memory(stage: int) -> None:
+    """``_zero3_consolidated_16bit_state_dict`` (the HF Trainer's ``save_model``,
+    accelerate's ``get_state_dict``) hands back host tensors, as DeepSpeed's: each gathered
+    module is copied off the GPU before the next gather (issue 48, item 5)."""
+    r = one_rank("cuda_train", model="gpt2", stage=stage, dtype="bf16", steps=2, global_batch=BATCH)
+    devices = {dev for dev, _ in r["consolidated"].values()}
+    assert devices == {"cpu"}, devices
+    for n, t in r["params"].items():
+        assert torch.equal(r["consolidated"][n][1], t.float()), n
+
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU: the no-GPU errors cannot be shown here")
 def test_without_a_gpu_cuda_is_an_error_that_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import zero_torch

@@ -90,8 +90,8 @@ def cuda_train(model: str, stage: int, dtype: str, steps: int, global_batch: int
     with whichever stream is current); with ``script_all_reduce`` the script all-reduces
     each loss on torch's NCCL group between backward and step, as DeepSpeed scripts log
     losses (issue 30, M3). Returns the losses, the parameters (on the CPU), what stage 3
-    leaves in torch's CUDA storage at rest, the memory report, and the losses the script
-    all-reduced."""
+    leaves in torch's CUDA storage at rest, the memory report, the losses the script
+    all-reduced, and the consolidated state dict (each entry's device and values)."""
     import torch.distributed as dist
 
     import zero_torch
@@ -120,9 +120,11 @@ def cuda_train(model: str, stage: int, dtype: str, steps: int, global_batch: int
         memory = engine.memory_report()
         held = sharded_bytes(engine)
         params = {n: t.cpu() for n, t in gathered(engine).items()}
+        consolidated = engine._zero3_consolidated_16bit_state_dict()
     torch.cuda.synchronize()
     return {"losses": losses, "params": params, "held_at_rest": held, "memory": memory, "reduced": reduced,
-            "backend": dist.get_backend()}
+            "backend": dist.get_backend(),
+            "consolidated": {n: (str(t.device), t.float()) for n, t in consolidated.items()}}
 
 
 def torch_cuda_adamw(model: str, steps: int, global_batch: int, lr: float = 1e-2) -> Dict[str, Any]:

@@ -168,6 +168,11 @@ def main() -> None:
         out = os.path.join(args.out, "converted.pt")
         convert_zero_checkpoint_to_fp32_state_dict(last, out)
         converted = torch.load(out, weights_only=False)
+        # The converted state_dict holds the model's parameters, whole (at stage 3 a rank
+        # holds a piece of each: its full shape is DeepSpeed's ds_shape).
+        expected = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in model.named_parameters()}
+        got = {n: tuple(t.shape) for n, t in converted["state_dict"].items()}
+        assert got == expected, f"converted {got}, the model's parameters {expected}"
         result["converted_keys"] = sorted(k for k in converted if k != "state_dict")
         result["state_dict"] = {k: v.clone() for k, v in converted["state_dict"].items()}
         result["epoch"], result["converted_global_step"] = converted.get("epoch"), converted.get("global_step")

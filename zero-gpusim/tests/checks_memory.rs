@@ -343,3 +343,129 @@ fn the_reviews_16_mib_download_over_read_is_named() {
     assert_eq!(host[..8], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
     expect_clean(sim);
 }
+
+/// A device of `ZERO_GPUSIM_MEMORY_MIB` MiB refuses what does not fit, and reports the
+/// default pool's high mark as the driver does (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`, reset by
+/// setting it to 0) and every allocation's peak (`zero_gpusim_peak_bytes`); a cap that is
+/// not a whole number of MiB fails `cuInit` naming the variable, never a silent 80 GiB.
+#[test]
+fn a_memory_cap_in_mib_is_kept_and_its_peak_reported() {
+    let Some(_sim) = sim("memory cap") else {
+        return;
+    };
+    let _g = lock();
+    let child = |mode: &str, mib: &str| {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "memory_cap_child", "--ignored", "--nocapture"])
+            .args(["--test-threads=1"])
+            .env("GPUSIM_CAP_MODE", mode)
+            .env("ZERO_GPUSIM_MEMORY_MIB", mib)
+            .env_remove("ZERO_GPUSIM_MEMORY_GB")
+            .output()
+            .expect("run the child");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{mode} {mib}:\n{text}");
+        text
+    };
+    let text = child("good", "4");
+    assert!(text.contains("CAP CHILD DONE"), "{text}");
+    assert!(text.contains("4 MiB each"), "{text}");
+    for bad in ["1.5", "4M", ""] {
+        let text = child("bad", bad);
+        assert!(
+            text.contains("CUINIT 1") && text.contains("ZERO_GPUSIM_MEMORY_MIB"),
+            "cuInit with ZERO_GPUSIM_MEMORY_MIB={bad:?} must fail with CUDA_ERROR_INVALID_VALUE \
+             naming the variable:\n{text}"
+        );
+    }
+}
+
+/// The child of the memory-cap test (the settings are read once per process).
+#[test]
+#[ignore = "run by a_memory_cap_in_mib_is_kept_and_its_peak_reported"]
+fn memory_cap_child() {
+    use std::ffi::c_void;
+    let Ok(mode) = std::env::var("GPUSIM_CAP_MODE") else {
+        return;
+    };
+    let path = library().expect("the stand-in");
+    // SAFETY: the stand-in, loaded to call its entry points by name with their C types.
+    let lib = unsafe { libloading::Library::new(&path) }.expect("load the stand-in");
+    if mode == "bad" {
+        // SAFETY: cuInit(unsigned int) -> CUresult.
+        let code = unsafe {
+            let init: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
+                lib.get(b"cuInit\0").expect("cuInit");
+            init(0)
+        };
+        println!("CUINIT {code}");
+        return;
+    }
+    let sim = sim("memory cap child").expect("the stand-in");
+    // SAFETY: zero_gpusim_peak_bytes(int) -> uint64_t.
+    let peak = |dev: i32| unsafe {
+        let f: libloading::Symbol<unsafe extern "C" fn(i32) -> u64> =
+            lib.get(b"zero_gpusim_peak_bytes\0").expect("peak symbol");
+        f(dev)
+    };
+    let mib = 1usize << 20;
+    let s = stream(sim);
+    // SAFETY: device 0 exists; the pool handle is the device's default one.
+    let (total, pool) = unsafe {
+        let mut pool = std::ptr::null_mut();
+        sys::cuDeviceGetDefaultMemPool(&mut pool, 0)
+            .result()
+            .expect("pool");
+        (result::device::total_mem(0).expect("total"), pool)
+    };
+    assert_eq!(total, 4 * mib);
+    let attr = |a: sys::CUmemPool_attribute| {
+        let mut v = 0u64;
+        // SAFETY: the used-bytes attributes write one cuuint64_t.
+        unsafe { sys::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast::<c_void>()) }
+            .result()
+            .expect("pool attribute");
+        v as usize
+    };
+    use sys::CUmemPool_attribute::{
+        CU_MEMPOOL_ATTR_USED_MEM_CURRENT as CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH as HIGH,
+    };
+    let before = attr(CURRENT);
+    // SAFETY: stream-ordered allocations on a live stream, each freed on it, synchronized
+    // before each reading.
+    unsafe {
+        let a = result::malloc_async(s, mib).expect("1 MiB");
+        let b = result::malloc_async(s, 2 * mib).expect("2 MiB");
+        result::free_async(a, s).expect("free");
+        sync(s).expect("sync");
+        let c = result::malloc_async(s, mib / 2).expect("0.5 MiB");
+        sync(s).expect("sync");
+        assert_eq!(attr(CURRENT), before + 5 * mib / 2);
+        assert_eq!(attr(HIGH), before + 3 * mib);
+        assert!(peak(0) >= (before + 3 * mib) as u64, "{}", peak(0));
+        assert_eq!(peak(99), u64::MAX, "no device 99");
+        let over = result::malloc_async(s, 2 * mib);
+        assert!(over.is_err(), "2 MiB more than fits a 4 MiB device");
+        let zero = 0u64;
+        sys::cuMemPoolSetAttribute(pool, HIGH, (&zero as *const u64).cast_mut().cast())
+            .result()
+            .expect("reset the high mark");
+        assert_eq!(attr(HIGH), before + 5 * mib / 2);
+        let one = 1u64;
+        assert!(
+            sys::cuMemPoolSetAttribute(pool, HIGH, (&one as *const u64).cast_mut().cast())
+                .result()
+                .is_err(),
+            "a high mark resets to 0 only"
+        );
+        result::free_async(b, s).expect("free");
+        result::free_async(c, s).expect("free");
+        sync(s).expect("sync");
+    }
+    let _ = sim.findings();
+    println!("CAP CHILD DONE");
+}

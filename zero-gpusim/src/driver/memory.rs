@@ -146,10 +146,30 @@ pub struct DeviceMemory {
     index: RwLock<BTreeMap<u64, Arc<Allocation>>>,
     next_addr: AtomicU64,
     next_id: AtomicU64,
-    /// Live bytes per device.
-    used: Mutex<Vec<u64>>,
+    /// Live bytes per device, and their peaks.
+    used: Mutex<Vec<Usage>>,
     /// Live bytes over every device (backed by host memory).
     backed: AtomicU64,
+}
+
+/// One device's live bytes and their peak: every allocation, and the default memory
+/// pool's (`cuMemAllocAsync`) alone, whose peak the driver reports as
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Live bytes.
+    pub used: u64,
+    /// The most live bytes at once since the process started.
+    pub peak: u64,
+    /// Live bytes of the default pool.
+    pub pool_used: u64,
+    /// The most live bytes of the default pool at once since its high mark was reset.
+    pub pool_peak: u64,
+}
+
+/// Whether an allocation of this origin comes from the device's default memory pool.
+fn from_pool(origin: &str) -> bool {
+    origin.starts_with("cuMemAllocAsync")
 }
 
 /// The process's device memory.
@@ -203,12 +223,13 @@ impl DeviceMemory {
         {
             let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
             if used.len() <= device {
-                used.resize(device + 1, 0);
+                used.resize(device + 1, Usage::default());
             }
-            if used[device] + size > capacity {
+            let u = &mut used[device];
+            if u.used + size > capacity {
                 return Err(AllocError::DeviceFull {
                     asked: size,
-                    free: capacity - used[device],
+                    free: capacity - u.used,
                 });
             }
             if self.backed.load(Ordering::Relaxed) + size > backing_cap {
@@ -217,7 +238,12 @@ impl DeviceMemory {
                     cap: backing_cap,
                 });
             }
-            used[device] += size;
+            u.used += size;
+            u.peak = u.peak.max(u.used);
+            if from_pool(&origin) {
+                u.pool_used += size;
+                u.pool_peak = u.pool_peak.max(u.pool_used);
+            }
             self.backed.fetch_add(size, Ordering::Relaxed);
         }
         // The red zone after it: at least 64 KiB, and a quarter of its size.
@@ -258,15 +284,32 @@ impl DeviceMemory {
         drop(body);
         let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(u) = used.get_mut(a.device) {
-            *u = u.saturating_sub(a.size);
+            u.used = u.used.saturating_sub(a.size);
+            if from_pool(&a.origin) {
+                u.pool_used = u.pool_used.saturating_sub(a.size);
+            }
         }
         self.backed.fetch_sub(a.size, Ordering::Relaxed);
     }
 
     /// Live bytes on `device`.
     pub fn used(&self, device: usize) -> u64 {
+        self.usage(device).used
+    }
+
+    /// `device`'s live bytes and peaks.
+    pub fn usage(&self, device: usize) -> Usage {
         let used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used.get(device).copied().unwrap_or(0)
+        used.get(device).copied().unwrap_or_default()
+    }
+
+    /// Resets `device`'s default-pool high mark to its live bytes (setting
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` to 0, the only value the driver takes).
+    pub fn reset_pool_peak(&self, device: usize) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = used.get_mut(device) {
+            u.pool_peak = u.pool_used;
+        }
     }
 
     /// The live allocations of `device`.

@@ -1,7 +1,7 @@
 //! Initialization, devices, contexts and error strings.
 
 use super::{entry, entry_with, no, put};
-use crate::driver::config::{config, CC, DRIVER_VERSION};
+use crate::driver::config::{config, settings, CC, DRIVER_VERSION};
 use crate::driver::errors::{describe, name as error_name, static_cstr, CuResult};
 use crate::driver::memory::memory;
 use crate::driver::state::{ctx_device, ctx_handle, current, registry, set_current};
@@ -41,7 +41,9 @@ extern "C" fn cuInit(flags: c_uint) -> CuResult {
         if flags != 0 {
             return Err(no(E::CUDA_ERROR_INVALID_VALUE, "cuInit", "flags must be 0"));
         }
-        let _ = config();
+        if let Err(e) = settings() {
+            return Err(no(E::CUDA_ERROR_INVALID_VALUE, "cuInit", e));
+        }
         registry().initialized = true;
         Ok(())
     })

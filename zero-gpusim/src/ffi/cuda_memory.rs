@@ -633,10 +633,27 @@ unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_in
     })
 }
 
+/// The device whose default memory pool `pool` is.
+fn pool_device(name: &str, pool: *mut c_void) -> Result<usize, CuResult> {
+    (pool as u64)
+        .checked_sub(POOL_BASE)
+        .filter(|d| (*d as usize) < config().visible.len())
+        .map(|d| d as usize)
+        .ok_or_else(|| {
+            no(
+                E::CUDA_ERROR_INVALID_HANDLE,
+                name,
+                "not a default memory pool",
+            )
+        })
+}
+
 /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` and `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: the
 /// bytes of the device's live stream-ordered allocations (the stand-in's pool keeps
-/// nothing freed, as a real one with release threshold 0 after a synchronize). Other
-/// attributes are not supported.
+/// nothing freed, as a real one with release threshold 0 after a synchronize);
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` and `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`: the most of
+/// them live at once since the high mark was last reset. Other attributes are not
+/// supported.
 #[no_mangle]
 unsafe extern "C" fn cuMemPoolGetAttribute(
     pool: *mut c_void,
@@ -646,32 +663,62 @@ unsafe extern "C" fn cuMemPoolGetAttribute(
     use cudarc::driver::sys::CUmemPool_attribute as A;
     entry("cuMemPoolGetAttribute", || {
         let name = "cuMemPoolGetAttribute";
-        let dev = (pool as u64)
-            .checked_sub(POOL_BASE)
-            .filter(|d| (*d as usize) < config().visible.len())
-            .ok_or_else(|| {
-                no(
-                    E::CUDA_ERROR_INVALID_HANDLE,
-                    name,
-                    "not a default memory pool",
-                )
-            })?;
-        if attr != A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_uint
-            && attr != A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_uint
+        let usage = memory().usage(pool_device(name, pool)?);
+        let bytes = if attr == A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT as c_uint
+            || attr == A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT as c_uint
+        {
+            usage.pool_used
+        } else if attr == A::CU_MEMPOOL_ATTR_USED_MEM_HIGH as c_uint
+            || attr == A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH as c_uint
+        {
+            usage.pool_peak
+        } else {
+            return Err(no(
+                E::CUDA_ERROR_NOT_SUPPORTED,
+                name,
+                format!("attribute {attr} (only the current and high used and reserved bytes)"),
+            ));
+        };
+        // SAFETY: these attributes write one cuuint64_t to the caller's `value`.
+        unsafe { put(name, value.cast::<u64>(), bytes) }
+    })
+}
+
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` or `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` set to 0:
+/// resets the high mark to the bytes live now (the driver takes no other value). Other
+/// attributes are not supported.
+#[no_mangle]
+unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: *mut c_void,
+    attr: c_uint,
+    value: *mut c_void,
+) -> CuResult {
+    use cudarc::driver::sys::CUmemPool_attribute as A;
+    entry("cuMemPoolSetAttribute", || {
+        let name = "cuMemPoolSetAttribute";
+        let dev = pool_device(name, pool)?;
+        if attr != A::CU_MEMPOOL_ATTR_USED_MEM_HIGH as c_uint
+            && attr != A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH as c_uint
         {
             return Err(no(
                 E::CUDA_ERROR_NOT_SUPPORTED,
                 name,
-                format!("attribute {attr} (only the current used and reserved bytes)"),
+                format!("attribute {attr} (only resetting the high marks)"),
             ));
         }
-        let used: u64 = memory()
-            .live(dev as usize)
-            .iter()
-            .filter(|a| a.origin.starts_with("cuMemAllocAsync"))
-            .map(|a| a.size)
-            .sum();
-        // SAFETY: both attributes write one cuuint64_t to the caller's `value`.
-        unsafe { put(name, value.cast::<u64>(), used) }
+        if value.is_null() {
+            return Err(no(E::CUDA_ERROR_INVALID_VALUE, name, "the value is null"));
+        }
+        // SAFETY: the high-mark attributes read one cuuint64_t from the caller's `value`.
+        let v = unsafe { *value.cast::<u64>() };
+        if v != 0 {
+            return Err(no(
+                E::CUDA_ERROR_INVALID_VALUE,
+                name,
+                format!("a high mark can only be reset to 0, not {v}"),
+            ));
+        }
+        memory().reset_pool_peak(dev);
+        Ok(())
     })
 }

@@ -305,7 +305,6 @@ stubs!(
     cuMemPoolImportFromShareableHandle,
     cuMemPoolImportPointer,
     cuMemPoolSetAccess,
-    cuMemPoolSetAttribute,
     cuMemPoolTrimTo,
     cuMemPrefetchAsync,
     cuMemPrefetchAsync_v2,

@@ -1,8 +1,10 @@
 //! `zero_gpusim_*`: what the stand-in's own tests ask it (not part of any NVIDIA API).
 
+use crate::driver::config::settings;
 use crate::driver::errors::{leaked, take_findings};
+use crate::driver::memory::memory;
 use crate::driver::traffic;
-use std::ffi::{c_char, CString};
+use std::ffi::{c_char, c_int, CString};
 
 fn give(text: String) -> *mut c_char {
     CString::new(text.replace('\0', " "))
@@ -57,6 +59,19 @@ pub extern "C" fn zero_gpusim_leaks(bytes: *mut u64) -> usize {
         unsafe { *bytes = b };
     }
     n
+}
+
+/// The most bytes live at once on visible device `ordinal` since the process started,
+/// every allocation counted (the default pool's alone: `CU_MEMPOOL_ATTR_USED_MEM_HIGH`);
+/// `u64::MAX` for a device that does not exist.
+#[no_mangle]
+pub extern "C" fn zero_gpusim_peak_bytes(ordinal: c_int) -> u64 {
+    match settings() {
+        Ok(c) if ordinal >= 0 && (ordinal as usize) < c.visible.len() => {
+            memory().usage(ordinal as usize).peak
+        }
+        _ => u64::MAX,
+    }
 }
 
 /// Frees a string this library returned.

@@ -43,13 +43,16 @@ checkpoint segment accumulates once more per segment).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _access
 from ._model import Param, Registry, Unit
 from .errors import OrderError, UnsupportedError, ZeroError
+
+if TYPE_CHECKING:
+    from ._native import NativeEngine
 
 
 def _tensors_in(obj: Any) -> List[torch.Tensor]:
@@ -142,7 +145,8 @@ class Runtime:
         from CUDA tensors are ordered with it by events."""
         self.reg = registry
         self._build = build
-        self.native: Any = None
+        self.native: Optional[NativeEngine] = None
+        """The native engine once built (its methods and results: ``_native.pyi``)."""
         self.stage3 = stage == 3
         """Below stage 3 parameters are always whole, so the module hooks only record the
         order."""

@@ -1,18 +1,21 @@
 """Shared by zero_torch's tests: starting jobs of N processes (each a rank, with the
-variables torchrun sets) that run a function of ``workers.py`` and return its result."""
+variables torchrun sets) that run a function of ``workers.py`` and return its result.
+Ranks are forked from a zygote that has imported torch once (``zygote.py``;
+``ZT_NO_ZYGOTE=1`` starts each fresh)."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -59,6 +62,7 @@ def run_job(
     out = Path(tempfile.mkdtemp(prefix="zt-job-"))
     extra = dict(env or {})
     procs = []
+    started = time.time()
     for r in range(world):
         env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
         env.update({
@@ -69,10 +73,7 @@ def run_job(
             "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path),
         })
         env.update(extra)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", "import workers; workers.main()"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        ))
+        procs.append(_start_rank(env, out / f"log{r}", fork=not any(k.startswith(FORK_UNSAFE) for k in extra)))
     if kill_rank is not None:
         ready = out / f"ready{kill_rank}"
         deadline = time.time() + timeout
@@ -85,13 +86,13 @@ def run_job(
     deadline = time.time() + timeout
     for r, p in enumerate(procs):
         try:
-            log, _ = p.communicate(timeout=max(1.0, deadline - time.time()))
+            p.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            log, _ = p.communicate()
-            raise JobFailed(f"rank {r} of `{task}` did not finish in {timeout} s:\n{log.decode(errors='replace')[-4000:]}")
-        logs.append(log.decode(errors="replace"))
+            p.wait()
+            raise JobFailed(f"rank {r} of `{task}` did not finish in {timeout} s:\n{p.log()[-4000:]}")
+        logs.append(p.log())
         f = out / f"rank{r}.pkl"
         if f.exists():
             with open(f, "rb") as fh:
@@ -104,7 +105,105 @@ def run_job(
                 continue
             if "error" in res:
                 raise JobFailed(f"rank {r} of `{task}` failed: {res['error']}\n{res.get('log', logs[r][-4000:])}")
+    JOBS.append((world, time.time() - started, all(p.popen is None for p in procs)))
     return results
+
+
+FORK_UNSAFE = ("PYTHON", "TORCH", "OMP", "MKL", "KMP", "CUDA", "LD_", "MALLOC", "GLIBC")
+"""A job whose added variables start so gets fresh processes: they could change how the
+interpreter or torch starts, which a forked rank has already done (``zygote.py``)."""
+
+JOBS: List[Tuple[int, float, bool]] = []
+"""(ranks, seconds, forked from the zygote) of every job this session ran: the closing summary's figures."""
+
+
+class _Rank:
+    """One rank's process, whether forked by the zygote or started fresh: ``wait``,
+    ``kill``, ``returncode`` and ``log`` as ``Popen`` would give them."""
+
+    def __init__(self, pid: int, exit_file: Path, log_file: Path, popen: Optional[subprocess.Popen] = None):
+        self.pid, self.exit_file, self.log_file, self.popen = pid, exit_file, log_file, popen
+        self.returncode: Optional[int] = None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.popen is not None:
+            self.returncode = self.popen.wait(timeout=timeout)
+            return self.returncode
+        deadline = None if timeout is None else time.time() + timeout
+        pause = 0.002
+        while not self.exit_file.exists():
+            if deadline is not None and time.time() > deadline:
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        self.returncode = int(self.exit_file.read_text())
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.popen is not None:
+            self.popen.kill()
+        elif not self.exit_file.exists():
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+
+_ZYGOTE: List[subprocess.Popen] = []
+
+
+def _zygote() -> Optional[subprocess.Popen]:
+    """The zygote of this session (``zygote.py``), started on first use; ``None`` where it
+    cannot run (no ``fork``, or ``ZT_NO_ZYGOTE`` is set) or has died."""
+    if os.environ.get("ZT_NO_ZYGOTE") or not hasattr(os, "fork"):
+        return None
+    if _ZYGOTE and _ZYGOTE[0].poll() is None:
+        return _ZYGOTE[0]
+    if _ZYGOTE:  # it died: say so once, then start fresh processes
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
+    _ZYGOTE.append(subprocess.Popen([sys.executable, "-c", "import zygote; zygote.serve()"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    return _ZYGOTE[0]
+
+
+def _start_rank(env: Dict[str, str], log: Path, fork: bool) -> _Rank:
+    exit_file = log.with_name(log.name + ".exit")
+    z = _zygote() if fork else None
+    if z is not None and z.stdin is not None and z.stdout is not None:
+        z.stdin.write((json.dumps({"env": env, "log": str(log), "exit": str(exit_file)}) + "\n").encode())
+        z.stdin.flush()
+        answer = z.stdout.readline()
+        if answer.strip():
+            return _Rank(int(answer), exit_file, log)
+    with open(log, "wb") as fh:
+        popen = subprocess.Popen([sys.executable, "-c", "import workers; workers.main()"], env=env,
+                                 stdout=fh, stderr=subprocess.STDOUT)
+    return _Rank(popen.pid, exit_file, log, popen)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Where the suite's time goes (issue 49, item 7): jobs, ranks, seconds in them."""
+    if JOBS:
+        ranks = sum(w for w, _, _ in JOBS)
+        forked = sum(1 for _, _, f in JOBS if f)
+        terminalreporter.write_line(f"jobs: {len(JOBS)} of {ranks} ranks ({forked} forked from the zygote), "
+                                    f"{sum(t for _, t, _ in JOBS):.0f} s in them")
+
+
+def pytest_sessionfinish(session: Any) -> None:
+    for z in _ZYGOTE:
+        for pipe in (z.stdin, z.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            z.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            z.kill()
 
 
 @pytest.fixture(scope="session")

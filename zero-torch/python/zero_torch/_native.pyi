@@ -1,0 +1,199 @@
+"""Types of zero_torch's native module (``zero-torch/src``, PyO3): every function, class
+and method it exports, with the names and defaults of its parameters. Checked against the
+built module by ``tests/python/test_native_stub.py`` (each name both ways, each
+parameter list against PyO3's ``__text_signature__``), so a Rust change that this file
+does not follow fails the tests.
+
+Shapes the Rust side uses: a module's parameters are numbered ``(m, k)`` (module ``m`` in
+the engine's order, its ``k``-th parameter); tensors cross as DLPack capsules or buffers
+read in place; the resolved config and checkpoint summaries cross as JSON text."""
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
+
+class ZeroError(RuntimeError): ...
+class ConfigError(ZeroError): ...
+class CommError(ZeroError): ...
+class CheckpointError(ZeroError): ...
+class DeviceError(ZeroError): ...
+class OrderError(ZeroError): ...
+
+class StepOutcome(TypedDict):
+    """What ``step`` (and an external step's begin or finish) did."""
+
+    skipped: bool
+    grad_norm: float
+    loss_scale: float
+    lr: float
+
+class MemoryReport(TypedDict):
+    """Bytes this rank holds, by kind (``Engine::memory_report``)."""
+
+    params: int
+    grads: int
+    master: int
+    exp_avg: int
+    exp_avg_sq: int
+    grad_accum: int
+    buckets: int
+    gathered: int
+    peak_gathered: int
+    frozen: int
+    released: int
+    host: int
+    comm: int
+    model_states: int
+    formula: int
+    numel: int
+    padded_numel: int
+    device_total: int
+    allocator_used: int
+
+class CommReport(TypedDict):
+    """Elements this rank sent in the last step, by purpose, and the theory's count."""
+
+    grad_reduce: int
+    param_gather: int
+    control: int
+    theory: int
+
+class HfLoadStats(TypedDict):
+    """What ``load_hf_checkpoint`` read."""
+
+    requested: int
+    read: int
+    files: int
+    seconds: float
+
+ParamEntry = Tuple[str, List[int], bool, List[str], int]
+"""One parameter as the engine is told it: name, shape, trained or frozen, its other full
+names (tied weights), and its optimizer parameter group."""
+ModuleArg = Tuple[str, List[ParamEntry]]
+"""One module: its name and its parameters."""
+Piece = Tuple[int, int, int, int, int, int]
+"""One parameter's stretch of an external shard: ``(m, k, shard_start, shard_end,
+element_start, element_end)``."""
+ImportedTensors = Tuple[str, Any, Optional[Any], Optional[Any]]
+"""A parameter's name and its ``(master, exp_avg, exp_avg_sq)`` float tensors."""
+LossScaleState = Tuple[float, Optional[Tuple[int, int, int]]]
+"""A loss scaler's scale and, if dynamic, ``(cur_iter, last_overflow_iter, cur_hysteresis)``."""
+Fp32Entry = Tuple[List[str], List[int], bool, bytes]
+"""One parameter of a checkpoint as fp32: its names, shape, trainable, little-endian bytes."""
+RawTensor = Tuple[str, str, List[int], bytes]
+"""One tensor of a Hugging Face checkpoint: name, element type as the file names it, shape, bytes."""
+
+class NativeEngine:
+    """The engine of this process's rank (``zero_runtime::Engine`` on the CPU, or its CUDA
+    form); every method that communicates is called by every rank in the same order."""
+
+    def __new__(
+        cls,
+        config_json: str,
+        modules: Sequence[ModuleArg],
+        values: Sequence[Sequence[Any]],
+        timeout_s: float = 300.0,
+        device: str = "cpu",
+        rendezvous_port: Optional[int] = None,
+    ) -> "NativeEngine": ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    def fetch(self, m: int) -> None:
+        """Gathers module ``m``'s partitioned parameters (stage 3)."""
+    def release(self, m: int) -> None:
+        """Frees module ``m``'s gathered parameters (stage 3)."""
+    def abandon_pass(self) -> None: ...
+    def wait_collectives(self) -> None: ...
+    def param_persistent(self, m: int, k: int) -> bool: ...
+    def views(self, m: int, ks: Sequence[int]) -> List[Any]:
+        """DLPack capsules over parameters ``ks`` of module ``m``."""
+    def held(self, m: int, k: int) -> Any:
+        """What this rank keeps of parameter ``(m, k)`` between uses (DeepSpeed's ``ds_tensor``)."""
+    def storage_ranges(self) -> List[Tuple[int, int]]: ...
+    def cross(self, stream: Optional[int] = None) -> None: ...
+    def adopt_params(self, params: Sequence[Tuple[int, int, Any]]) -> None: ...
+    def put_grad(self, m: int, k: int, grad: Any, first: bool, stream: Optional[int] = None) -> None: ...
+    def set_params(self, params: Sequence[Tuple[int, int, Any]], root: int) -> None: ...
+    def grads_ready(self, m: int) -> None: ...
+    def loss_scale_factor(self) -> float: ...
+    def loss_scale(self) -> float: ...
+    def step(self) -> StepOutcome: ...
+    def set_accumulation_boundary(self, boundary: Optional[bool]) -> None: ...
+    def reopen_micro_step(self) -> None: ...
+    def group_count(self) -> int: ...
+    def set_group(
+        self,
+        g: int,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float,
+        decoupled: bool,
+        bias_correction: bool,
+    ) -> None: ...
+    def set_group_lr(self, g: int, lr: float) -> None: ...
+    def group_lrs(self) -> List[float]: ...
+    def optimizer(self) -> Optional[Tuple[str, bool, str]]: ...
+    def step_external_begin(self) -> Optional[StepOutcome]: ...
+    def external_group_len(self, g: int) -> int: ...
+    def external_group_pieces(self, g: int) -> List[Piece]: ...
+    def external_read(self, g: int, what: str, out: Any) -> None: ...
+    def step_external_finish(self, masters: Sequence[Any]) -> StepOutcome: ...
+    def step_external_abort(self) -> None: ...
+    def import_state(
+        self,
+        params: Sequence[ImportedTensors],
+        optimizer_steps: int,
+        skipped_steps: int,
+        global_steps: int,
+        loss_scale: Optional[LossScaleState] = None,
+        lr_last_batch_iteration: Optional[int] = None,
+        strict: bool = True,
+    ) -> None: ...
+    def zero_grad(self) -> None: ...
+    def lr(self) -> float: ...
+    def step_counts(self) -> Tuple[int, int, int]: ...
+    def memory_report(self) -> MemoryReport: ...
+    def comm_report(self) -> CommReport: ...
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: Optional[str] = None,
+        client_state_json: str = "{}",
+        exclude_frozen_parameters: bool = False,
+    ) -> str: ...
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: Optional[str] = None,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        strict: bool = True,
+    ) -> str: ...
+    def load_hf_checkpoint(
+        self,
+        path: str,
+        strict: bool = True,
+        prefix: Optional[str] = None,
+        ignore: Sequence[str] = ...,
+        round_to: Optional[str] = None,
+    ) -> Tuple[HfLoadStats, List[str]]: ...
+    def save_16bit_model(self, save_dir: str) -> List[str]: ...
+    def save_hf_weights(self, save_dir: str, max_shard_bytes: int, dtype: str) -> List[str]: ...
+
+def launch_addr() -> Tuple[int, int, int, Optional[int], str]:
+    """``(rank, world_size, local_rank, local_world_size, rank 0's host)`` from the launcher."""
+def launch_info() -> Tuple[int, int, int]: ...
+def resolve_config(config_json: str, world_size: int) -> str:
+    """The resolved config as JSON."""
+def read_client_state(checkpoint_dir: str, tag: Optional[str] = None) -> str: ...
+def read_checkpoint_summary(checkpoint_dir: str, tag: Optional[str] = None) -> str: ...
+def read_fp32_state(checkpoint_dir: str, tag: Optional[str] = None) -> List[Fp32Entry]: ...
+def read_hf_tensors(path: str, names: Sequence[str]) -> List[RawTensor]: ...
+def pin_mmap_threshold(bytes: int) -> bool: ...

@@ -1,0 +1,92 @@
+"""``_native.pyi`` says what the built native module exports (issue 49, item 3): the same
+functions, classes, exceptions and ``NativeEngine`` methods and properties, each function
+with the parameter names and defaults PyO3 reports in ``__text_signature__``."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import zero_torch
+from zero_torch import _native
+
+STUB = Path(zero_torch.__file__).with_name("_native.pyi")
+if not STUB.exists():  # an installed wheel without the stub: the source tree's
+    STUB = Path(__file__).resolve().parents[2] / "python" / "zero_torch" / "_native.pyi"
+
+Params = List[Tuple[str, bool]]
+"""Each parameter's name and whether it has a default."""
+
+
+def _stub_params(fn: ast.FunctionDef) -> Params:
+    args = fn.args.args
+    defaults = [False] * (len(args) - len(fn.args.defaults)) + [True] * len(fn.args.defaults)
+    out = [(a.arg, d) for a, d in zip(args, defaults)]
+    return [p for p in out if p[0] not in ("self", "cls")]
+
+
+def _runtime_params(obj: object) -> Optional[Params]:
+    sig = getattr(obj, "__text_signature__", None)
+    if sig is None:
+        return None
+    inner = sig.strip()[1:-1]
+    out: Params = []
+    for part in re.split(r",\s*(?![^()\[\]]*[)\]])", inner):
+        part = part.strip()
+        if not part or part in ("$self", "$type", "/", "*"):
+            continue
+        name, _, default = part.partition("=")
+        out.append((name.strip(), bool(default)))
+    return out
+
+
+def _stub() -> Tuple[Dict[str, ast.FunctionDef], Dict[str, ast.FunctionDef], set, set]:
+    tree = ast.parse(STUB.read_text())
+    functions: Dict[str, ast.FunctionDef] = {}
+    methods: Dict[str, ast.FunctionDef] = {}
+    classes, properties = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            functions[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+            if node.name == "NativeEngine":
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        if any(isinstance(d, ast.Name) and d.id == "property" for d in item.decorator_list):
+                            properties.add(item.name)
+                        else:
+                            methods[item.name] = item
+    return functions, methods, classes, properties
+
+
+def test_the_stub_names_every_export_of_the_native_module() -> None:
+    functions, methods, classes, properties = _stub()
+    exported = {n for n in dir(_native) if not n.startswith("_")}
+    native_classes = {n for n in exported if isinstance(getattr(_native, n), type)}
+    assert set(functions) == exported - native_classes, (set(functions) ^ (exported - native_classes))
+    # The stub's own helper types (TypedDicts) are not exports; every exported class is in it.
+    assert native_classes <= classes, native_classes - classes
+    for name in ("ZeroError", "ConfigError", "CommError", "CheckpointError", "DeviceError", "OrderError"):
+        stub_base = next(n for n in ast.parse(STUB.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+        base = stub_base.bases[0]
+        assert isinstance(base, ast.Name) and base.id == getattr(_native, name).__mro__[1].__name__, name
+    engine = {n for n in vars(_native.NativeEngine) if not n.startswith("__")}
+    getters = {n for n in engine if type(vars(_native.NativeEngine)[n]).__name__ == "getset_descriptor"}
+    assert properties == getters, properties ^ getters
+    assert set(methods) - {"__new__"} == engine - getters, (set(methods) - {"__new__"}) ^ (engine - getters)
+
+
+def test_each_stub_signature_matches_pyo3s() -> None:
+    functions, methods, _, _ = _stub()
+    checked = 0
+    for name, fn in functions.items():
+        assert _stub_params(fn) == _runtime_params(getattr(_native, name)), name
+        checked += 1
+    for name, fn in methods.items():
+        runtime = _native.NativeEngine if name == "__new__" else getattr(_native.NativeEngine, name)
+        assert _stub_params(fn) == _runtime_params(runtime), f"NativeEngine.{name}"
+        checked += 1
+    assert checked >= 45, checked

@@ -79,6 +79,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// The architecture and the data caches of CPU 0 as Linux describes them (`x86_64, L1d
+/// 48K 12-way, L2 2048K 16-way, ...`; `unknown` caches elsewhere). candle's CPU matrix
+/// products (gemm) size their blocks from these, which sets the order of their sums: two
+/// machines with other caches end in other bits.
+fn cpu_caches() -> String {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |i: usize, f: &str| {
+        std::fs::read_to_string(dir.join(format!("index{i}/{f}")))
+            .map(|s| s.trim().to_string())
+            .ok()
+    };
+    let mut out = vec![std::env::consts::ARCH.to_string()];
+    for i in 0..8 {
+        let (Some(level), Some(kind), Some(size)) =
+            (read(i, "level"), read(i, "type"), read(i, "size"))
+        else {
+            continue;
+        };
+        if kind == "Instruction" {
+            continue;
+        }
+        let d = if kind == "Data" { "d" } else { "" };
+        let ways = read(i, "ways_of_associativity").unwrap_or_else(|| "?".into());
+        out.push(format!("L{level}{d} {size} {ways}-way"));
+    }
+    if out.len() == 1 {
+        out.push("unknown".into());
+    }
+    out.join(", ")
+}
+
 fn run(args: &Args) -> Result<(), String> {
     let ranks = Ranks::from_args(args.ranks, args.local_rank)?;
     let (world, leader) = (ranks.world(), ranks.leader());
@@ -95,6 +126,10 @@ fn run(args: &Args) -> Result<(), String> {
         std::env::set_var("RAYON_NUM_THREADS", share.to_string());
         say(format!("{cores} cores, {world} ranks: candle uses {share} thread(s) per rank (set RAYON_NUM_THREADS to choose)"));
     }
+    say(format!(
+        "CPU caches: {} (candle's matrix products block their sums by them: the final bits are this cache layout's)",
+        cpu_caches()
+    ));
     let (base, origin) = args.flags.base_config(DEFAULT_CONFIG)?;
     let source = source::Source::new(args.seed, 16);
     let model = GptConfig {

@@ -10,6 +10,31 @@ mod common;
 
 use common::*;
 
+/// Runs the ignored test `name` of this binary in a child process (what ends a process, or
+/// settings read once per process) with `set` added to and `unset` taken from its
+/// environment; its exit status and its output, stdout then stderr.
+fn run_child(name: &str, set: &[(&str, &str)], unset: &[&str]) -> (std::process::Output, String) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd.envs(set.iter().copied());
+    for v in unset {
+        cmd.env_remove(v);
+    }
+    let out = cmd.output().expect("run the child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}
+
 fn filled(sim: &Sim, s: sys::CUstream, n: usize) -> sys::CUdeviceptr {
     let d = alloc(sim, n * 4);
     let host: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
@@ -256,22 +281,7 @@ fn a_host_write_to_a_pinned_buffer_during_its_copy_is_named() {
     };
     let _g = lock();
     for mode in ["during", "after"] {
-        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "pinned_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("GPUSIM_PINNED_MODE", mode)
-            .output()
-            .expect("run the child");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (out, text) = run_child("pinned_child", &[("GPUSIM_PINNED_MODE", mode)], &[]);
         if mode == "during" {
             assert!(
                 !out.status.success(),
@@ -355,18 +365,10 @@ fn a_memory_cap_in_mib_is_kept_and_its_peak_reported() {
     };
     let _g = lock();
     let child = |mode: &str, mib: &str| {
-        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "memory_cap_child", "--ignored", "--nocapture"])
-            .args(["--test-threads=1"])
-            .env("GPUSIM_CAP_MODE", mode)
-            .env("ZERO_GPUSIM_MEMORY_MIB", mib)
-            .env_remove("ZERO_GPUSIM_MEMORY_GB")
-            .output()
-            .expect("run the child");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let (out, text) = run_child(
+            "memory_cap_child",
+            &[("GPUSIM_CAP_MODE", mode), ("ZERO_GPUSIM_MEMORY_MIB", mib)],
+            &["ZERO_GPUSIM_MEMORY_GB"],
         );
         assert!(out.status.success(), "{mode} {mib}:\n{text}");
         text

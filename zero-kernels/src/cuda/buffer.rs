@@ -2,78 +2,16 @@
 //! logical length that may be shorter than the allocation (so an empty buffer still owns
 //! one element, since CUDA refuses zero-byte allocations, and shrinking keeps memory).
 
-use super::gpu::GpuError;
+use super::data::{GpuData, GpuElement};
+use super::error::GpuError;
 use super::lease::{GpuLease, Lent};
 use super::readers::{Reader, StreamId, StreamReaders};
-use crate::{DType, Element};
-use half::{bf16, f16};
+use crate::DType;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 use zero_sys::cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
-    ValidAsZeroBits,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop,
 };
-
-/// The allocation behind a [`GpuBuffer`].
-#[derive(Debug)]
-pub enum GpuData {
-    /// `f32` elements.
-    F32(CudaSlice<f32>),
-    /// `f16` elements.
-    F16(CudaSlice<f16>),
-    /// `bf16` elements.
-    BF16(CudaSlice<bf16>),
-}
-
-impl GpuData {
-    /// The stream the allocation was made on (and is freed on).
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        match self {
-            GpuData::F32(s) => s.stream(),
-            GpuData::F16(s) => s.stream(),
-            GpuData::BF16(s) => s.stream(),
-        }
-    }
-}
-
-/// Element types the kernels take, with their kernel-name suffix and typed access to a
-/// [`GpuBuffer`].
-pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits + Unpin {
-    /// `f32`, `f16` or `bf16`.
-    const SUFFIX: &'static str;
-    /// The typed allocation, if `d` holds this type.
-    fn slice(d: &GpuData) -> Option<&CudaSlice<Self>>;
-    /// The typed allocation, mutably, if `d` holds this type.
-    fn slice_mut(d: &mut GpuData) -> Option<&mut CudaSlice<Self>>;
-    /// Wraps an allocation.
-    fn wrap(s: CudaSlice<Self>) -> GpuData;
-}
-
-macro_rules! gpu_element {
-    ($t:ty, $suffix:literal, $variant:ident) => {
-        impl GpuElement for $t {
-            const SUFFIX: &'static str = $suffix;
-            fn slice(d: &GpuData) -> Option<&CudaSlice<Self>> {
-                match d {
-                    GpuData::$variant(s) => Some(s),
-                    _ => None,
-                }
-            }
-            fn slice_mut(d: &mut GpuData) -> Option<&mut CudaSlice<Self>> {
-                match d {
-                    GpuData::$variant(s) => Some(s),
-                    _ => None,
-                }
-            }
-            fn wrap(s: CudaSlice<Self>) -> GpuData {
-                GpuData::$variant(s)
-            }
-        }
-    };
-}
-gpu_element!(f32, "f32", F32);
-gpu_element!(f16, "f16", F16);
-gpu_element!(bf16, "bf16", BF16);
 
 /// Runs `$body` with the type alias `$t` set to the element type of `$dtype`.
 #[macro_export]

@@ -15,7 +15,7 @@
 //! buffer records its own event after every copy and waits for it before the host touches
 //! the memory again or frees it.
 
-use super::gpu::{driver, GpuError};
+use super::error::{driver, GpuError};
 use crate::KernelError;
 use std::sync::Arc;
 use zero_sys::cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;

@@ -9,7 +9,7 @@
 //! reuses its memory, before the copy ran). Nothing waits on the host.
 
 use super::buffer::GpuBuffer;
-use super::gpu::{driver, GpuError};
+use super::error::{driver, GpuError};
 use super::stream::{Combine, GpuStream};
 use crate::{with_gpu_type, DType, KernelError};
 use std::ops::Range;

@@ -13,7 +13,7 @@
 //! The directory is `ZERO_KERNEL_CACHE` if set (`off` disables the disk cache), else
 //! `$XDG_CACHE_HOME/zero/kernels`, else `$HOME/.cache/zero/kernels`.
 
-use super::KernelSource;
+use super::sources::KernelSource;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};

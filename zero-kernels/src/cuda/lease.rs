@@ -9,7 +9,7 @@
 //! code outside Rust reads and writes the memory, ordered with the engine's stream by the
 //! caller's events, as with any foreign tensor.
 
-use super::buffer::GpuData;
+use super::data::GpuData;
 use std::sync::{Arc, Mutex};
 
 /// The allocation a dropped, leased buffer left behind, kept for its leases.

@@ -1,7 +1,7 @@
 //! Fused Adam and multi-tensor flatten / unflatten on a [`GpuStream`], over device views.
 
-use super::buffer::GpuElement;
-use super::gpu::{driver, GpuError};
+use super::data::GpuElement;
+use super::error::{driver, GpuError};
 use super::stream::{blocks, launch_config, GpuStream};
 use crate::{AdamConfig, FlatLayout, KernelError};
 use zero_sys::cudarc::driver::{

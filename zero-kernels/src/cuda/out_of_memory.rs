@@ -9,7 +9,7 @@
 //! (The other direction needs nothing of zero: its stream-ordered pool keeps no memory
 //! across synchronizations, release threshold 0.)
 
-use super::gpu::GpuError;
+use super::error::GpuError;
 use std::sync::{Arc, RwLock};
 use zero_sys::cudarc::driver::{sys::cudaError_enum, DriverError};
 

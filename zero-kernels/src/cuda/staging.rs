@@ -8,9 +8,9 @@
 //! written, read or freed again only after that event (see `copies`). Each copy moves
 //! exactly the elements asked for, never a whole buffer.
 
-use super::buffer::GpuElement;
 use super::copies::{Direction, PinnedBuffer};
-use super::gpu::{driver, GpuError};
+use super::data::GpuElement;
+use super::error::{driver, GpuError};
 use crate::DType;
 use std::any::Any;
 use std::sync::{Arc, Mutex};

@@ -11,9 +11,11 @@
 //! buffer waits for its last write on any stream, and one that writes it waits for its
 //! last read too, so no buffer is reused or freed while another stream still uses it.
 
-use super::buffer::{GpuBuffer, GpuElement};
+use super::buffer::GpuBuffer;
 use super::copies::{copy_dtoh, copy_htod};
-use super::gpu::{driver, Gpu, GpuError};
+use super::data::GpuElement;
+use super::error::{driver, GpuError};
+use super::gpu::Gpu;
 use super::staging::{TableStaging, TransferStaging, ZeroBytes};
 use crate::{with_gpu_type, DType, GradStats, KernelError};
 use std::ops::Range;
@@ -80,6 +82,19 @@ pub(crate) fn blocks(n: usize, per_thread: usize) -> u32 {
 
 fn check_same_len(what: &str, expected: usize, actual: usize) -> Result<(), GpuError> {
     crate::error::check_len(what, expected, actual).map_err(GpuError::from)
+}
+
+impl Gpu {
+    /// The device's default stream.
+    pub fn default_stream(&'static self) -> GpuStream {
+        GpuStream::new(self, self.stream.clone())
+    }
+
+    /// A new stream (one per rank of the one-device group, or for communication).
+    pub fn new_stream(&'static self) -> Result<GpuStream, GpuError> {
+        let s = self.ctx.new_stream().map_err(driver("new_stream"))?;
+        Ok(GpuStream::new(self, s))
+    }
 }
 
 impl GpuStream {

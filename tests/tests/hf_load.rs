@@ -202,12 +202,13 @@ fn every_stage_and_world_size_loads_the_files_values_reading_only_what_it_holds(
                         );
                         requested += stats.requested;
                     }
-                    // Over the ranks each byte is read once, frozen ones by every rank (it
-                    // keeps them whole), except in stage 0, where every rank holds all.
-                    let want = if stage == 0 {
-                        world as u64 * total_bytes
-                    } else {
-                        total_bytes + (world as u64 - 1) * frozen_bytes
+                    // Over the ranks each byte is read once, except in stage 0, where every
+                    // rank holds all, and the frozen ones at stages 1–2, read by every rank
+                    // (it keeps them whole; stage 3 partitions them).
+                    let want = match stage {
+                        0 => world as u64 * total_bytes,
+                        3 => total_bytes,
+                        _ => total_bytes + (world as u64 - 1) * frozen_bytes,
                     };
                     assert_eq!(requested, want, "{ctx}: bytes asked for over all ranks");
                 }

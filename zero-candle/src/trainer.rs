@@ -413,10 +413,10 @@ where
             let plan = st.engine.plan();
             let mut shared: Vec<&str> = Vec::new();
             for &m in &modules {
-                let Some(b) = plan.fetch_bucket[m] else {
-                    continue;
-                };
-                for &o in &plan.buckets[b].modules {
+                for &o in plan.fetch_buckets[m]
+                    .iter()
+                    .flat_map(|&b| &plan.buckets[b].modules)
+                {
                     if !modules.contains(&o) && !shared.contains(&names[o].as_str()) {
                         shared.push(&names[o]);
                     }

@@ -301,6 +301,16 @@ impl CheckpointDir {
 
     /// Reads frozen parameter `param` whole, widened to `f32`.
     pub fn read_frozen(&mut self, param: &ParamEntry) -> Result<Vec<f32>, CheckpointError> {
+        self.read_frozen_range(param, 0..param.numel())
+    }
+
+    /// Reads elements `range` of frozen parameter `param` (flattened), widened to `f32`:
+    /// only their bytes (a stage-3 rank reads its own partition's).
+    pub fn read_frozen_range(
+        &mut self,
+        param: &ParamEntry,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>, CheckpointError> {
         let file = self.file_name(0, FileKind::Frozen)?;
         let name = file.as_str();
         self.open_file(0, name)?;
@@ -337,8 +347,24 @@ impl CheckpointDir {
                 ),
             });
         }
-        let mut raw = Vec::with_capacity((bytes.end - bytes.start) as usize);
-        reader.read(bytes.start, bytes.end - bytes.start, |_, b| {
+        let size = dtype.size_of() as u64;
+        if range.end > param.numel() || (bytes.end - bytes.start) != param.numel() as u64 * size {
+            return Err(CheckpointError::Format {
+                path: shown,
+                reason: format!(
+                    "`{}` holds {} bytes for {} elements (elements {range:?} asked for)",
+                    param.name,
+                    bytes.end - bytes.start,
+                    param.numel()
+                ),
+            });
+        }
+        let (start, len) = (
+            bytes.start + range.start as u64 * size,
+            range.len() as u64 * size,
+        );
+        let mut raw = Vec::with_capacity(len as usize);
+        reader.read(start, len, |_, b| {
             raw.extend_from_slice(b);
             Ok::<(), CheckpointError>(())
         })?;

@@ -45,27 +45,50 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Writes parameter `id`'s whole values (rounded) where this rank holds them: the
     /// frozen buffer, its whole bucket, or (stage 3) its shards of the owned partition.
     pub(super) fn upload_param(&mut self, id: usize, values: &[f32]) -> Result<(), EngineError> {
+        for r in self.held_ranges(id)? {
+            self.upload_held(id, r.clone(), &values[r])?;
+        }
+        Ok(())
+    }
+
+    /// The elements of parameter `id` (ranges of its flattened values) this rank holds:
+    /// all of them, or, where its bucket is partitioned (stage 3), the pieces that fall in
+    /// this rank's partition (possibly none).
+    pub(super) fn held_ranges(&self, id: usize) -> Result<Vec<Range<usize>>, EngineError> {
         match self.plan.locs[id] {
-            ParamLoc::Frozen { offset } => self.dev.upload_f32(&mut self.frozen, offset, values),
+            ParamLoc::Bucket { bucket, index } if self.params_sharded(bucket) => {
+                Ok(self.plan.buckets[bucket]
+                    .layout
+                    .tensor_shards(index)?
+                    .into_iter()
+                    .filter(|s| s.rank == self.rank && !s.tensor_range.is_empty())
+                    .map(|s| s.tensor_range)
+                    .collect())
+            }
+            _ => Ok(std::iter::once(0..self.param_spec(id).numel()).collect()),
+        }
+    }
+
+    /// Writes `values`, elements `range` of parameter `id` (within one of its
+    /// [`held_ranges`](Self::held_ranges)), where this rank holds them (rounded).
+    pub(super) fn upload_held(
+        &mut self,
+        id: usize,
+        range: Range<usize>,
+        values: &[f32],
+    ) -> Result<(), EngineError> {
+        match self.plan.locs[id] {
+            ParamLoc::Frozen { offset } => {
+                self.dev
+                    .upload_f32(&mut self.frozen, offset + range.start, values)
+            }
             ParamLoc::Bucket { bucket, index } => {
                 let layout = &self.plan.buckets[bucket].layout;
+                let at = layout.tensor_range(index).start + range.start;
                 if self.params_sharded(bucket) {
                     let part = layout.partition_range(self.rank)?.start;
-                    let mine: Vec<_> = layout
-                        .tensor_shards(index)?
-                        .into_iter()
-                        .filter(|s| s.rank == self.rank)
-                        .collect();
-                    for s in mine {
-                        self.upload_owned_f32(
-                            bucket,
-                            s.flat_range.start - part,
-                            &values[s.tensor_range],
-                        )?;
-                    }
-                    Ok(())
+                    self.upload_owned_f32(bucket, at - part, values)
                 } else {
-                    let at = layout.tensor_range(index).start;
                     let params = self.buckets[bucket]
                         .params
                         .as_mut()
@@ -121,8 +144,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let module = self.module(m)?;
         Ok((0..module.params.len())
             .filter_map(|k| match self.plan.locs[self.first_param[m] + k] {
-                ParamLoc::Bucket { bucket, index } => Some((bucket, index)),
-                ParamLoc::Frozen { .. } => None,
+                ParamLoc::Bucket { bucket, index } if !self.plan.buckets[bucket].frozen => {
+                    Some((bucket, index))
+                }
+                _ => None,
             })
             .collect())
     }

@@ -10,7 +10,8 @@
 //! again at once); 0 keeps none, DeepSpeed's "no reuse" (each module of a bucket then
 //! gathers it again). If a pass departs from the trace, the trace is dropped: no
 //! prefetch, no reuse, until it is recorded again. Persistent buckets are never gathered
-//! or freed.
+//! or freed. A module with frozen parameters over the threshold has a frozen bucket too
+//! (see [`crate::plan`]): it is fetched, prefetched and released with the trainable one.
 
 use super::Engine;
 use crate::device::Device;
@@ -79,12 +80,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.trace.modules.clear();
         }
         self.trace.observe(m);
-        let Some(b) = self.plan.fetch_bucket[m] else {
+        if self.plan.fetch_buckets[m].is_empty() {
             return Ok(());
-        };
+        }
         let t0 = Instant::now();
-        self.issue_gather(b)?;
-        self.wait_gather(b)?;
+        for b in self.plan.fetch_buckets[m].clone() {
+            self.issue_gather(b)?;
+        }
+        for b in self.plan.fetch_buckets[m].clone() {
+            self.wait_gather(b)?;
+        }
         self.prefetch()?;
         self.timings.add_gather(t0.elapsed());
         Ok(())
@@ -104,7 +109,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// Whether parameter `k` of module `m` is kept whole on every rank (stage 3 keeps
-    /// parameters at or under `stage3_param_persistence_threshold`, and frozen ones, whole;
+    /// parameters at or under `stage3_param_persistence_threshold` whole, frozen or not;
     /// stages 0–2 keep every parameter whole).
     pub fn param_persistent(&self, m: usize, k: usize) -> Result<bool, EngineError> {
         Ok(match self.plan.locs[self.param_id(m, k)?] {
@@ -120,14 +125,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if !self.policy.shards_parameters() {
             return Ok(());
         }
-        let Some(b) = self.plan.fetch_bucket[m] else {
-            return Ok(());
-        };
-        if self.reused_soon(b) {
-            return Ok(());
+        for b in self.plan.fetch_buckets[m].clone() {
+            if self.reused_soon(b) {
+                continue;
+            }
+            self.wait_gather(b)?;
+            self.free_gathered(b);
         }
-        self.wait_gather(b)?;
-        self.free_gathered(b);
         Ok(())
     }
 
@@ -141,7 +145,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut distance = 0u64;
         let mut between: Vec<usize> = Vec::new();
         for &m in &self.trace.modules[self.trace.pos.min(self.trace.modules.len())..] {
-            if let Some(next) = self.plan.fetch_bucket[m] {
+            for &next in &self.plan.fetch_buckets[m] {
                 if next == b {
                     return distance <= self.cfg.zero.max_reuse_distance;
                 }
@@ -208,13 +212,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut seen = Vec::new();
         let upcoming: Vec<usize> =
             self.trace.modules[self.trace.pos.min(self.trace.modules.len())..].to_vec();
-        for m in upcoming {
+        let upcoming = upcoming
+            .into_iter()
+            .flat_map(|m| self.plan.fetch_buckets[m].clone());
+        for b in upcoming.collect::<Vec<_>>() {
             if ahead >= budget {
                 break;
             }
-            let Some(b) = self.plan.fetch_bucket[m] else {
-                continue;
-            };
             if seen.contains(&b) {
                 continue;
             }

@@ -73,7 +73,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
         self.fetched.iter_mut().for_each(|f| *f = false);
-        for (b, plan) in self.plan.buckets.iter().enumerate() {
+        for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
         }
         self.timings.micro_step_ended();
@@ -125,7 +125,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// the buckets that have one (before a step), or into every bucket, allocating the
     /// carries (`create`: a micro-step reopened after its reductions).
     pub(super) fn add_into_carry(&mut self, create: bool) -> Result<(), EngineError> {
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             if self.buckets[b].carry.is_none() && !create {
                 continue;
             }

@@ -133,7 +133,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.group(g)?;
         let mut pieces = Vec::new();
         let mut at = 0;
-        for (b, bucket) in self.plan.buckets.iter().enumerate() {
+        for (b, bucket) in self.plan.trainable().iter().enumerate() {
             let held = self.opt_start(b)?;
             for (run, rg) in &self.runs[b] {
                 if *rg != g {
@@ -195,7 +195,7 @@ mod tests {
                 ParamSpec::new("c", &[5]).in_group(1),
             ],
         )];
-        let plan = Plan::new(&modules, DType::F32, 2, 1 << 20, 0).unwrap();
+        let plan = Plan::new(&modules, DType::F32, 2, 1 << 20, 0, false).unwrap();
         assert_eq!(plan.buckets.len(), 1);
         let group = |id: usize| modules[0].params[id].group;
         let total = plan.buckets[0].layout.total_len();
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn an_empty_held_range_has_no_runs() {
         let modules = vec![ModuleSpec::new("m", vec![ParamSpec::new("a", &[3])])];
-        let plan = Plan::new(&modules, DType::F32, 1, 1 << 20, 0).unwrap();
+        let plan = Plan::new(&modules, DType::F32, 1, 1 << 20, 0, false).unwrap();
         assert!(bucket_runs(&plan, 0, 0..0, |_| 0).is_empty());
     }
 }

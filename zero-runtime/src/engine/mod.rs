@@ -98,6 +98,30 @@ struct BucketState<B, W2> {
     gathering: Option<W2>,
 }
 
+impl<B, W2> BucketState<B, W2> {
+    /// A frozen bucket's state: its parameters (the owned partition at stage 3), and
+    /// zero-length optimizer arrays.
+    fn frozen<D: Device<Buffer = B>>(params: B, dev: &D) -> Result<Self, EngineError> {
+        Ok(Self {
+            params: Some(params),
+            grads: None,
+            grad_shard: None,
+            accum: None,
+            shard_fresh: true,
+            released: 0,
+            carry: None,
+            opt: AdamState {
+                master: None,
+                exp_avg: dev.zeros(DType::F32, 0)?,
+                exp_avg_sq: dev.zeros(DType::F32, 0)?,
+            },
+            pending: 0,
+            gathered: None,
+            gathering: None,
+        })
+    }
+}
+
 /// A reduction in flight.
 enum Reduction<W1, W2> {
     AllReduce {
@@ -174,6 +198,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     fetched: Vec<bool>,
     ready_count: usize,
     trainable_modules: usize,
+    /// Buckets `0..trainable_buckets` train; the frozen buckets (stage 3) follow.
+    trainable_buckets: usize,
     trace: gather::Trace,
     live_gathered: usize,
     peak_gathered: usize,
@@ -232,6 +258,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             world,
             clamp(cfg.zero.reduce_bucket_size),
             clamp(cfg.zero.param_persistence_threshold),
+            policy.shards_parameters(),
         )?;
         let accumulate = cfg.gradient_accumulation_steps > 1;
         let accum_dtype = Self::accum_dtype(&cfg, dtype);
@@ -258,6 +285,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 (true, false) => part,
                 (false, _) => total,
             };
+            if b.frozen {
+                // Parameters only: no gradient, no optimizer state.
+                buckets.push(BucketState::frozen(dev.zeros(dtype, params_len)?, &dev)?);
+                continue;
+            }
             buckets.push(BucketState {
                 params: Some(dev.zeros(dtype, params_len)?),
                 grads: (!policy.shards_gradients())
@@ -300,6 +332,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
+        let trainable_buckets = plan.trainable_buckets;
         if let (true, Some(o)) = (offloaded, &cfg.optimizer) {
             if o.adam.is_none() {
                 return Err(crate::ConfigError::Unsupported {
@@ -314,7 +347,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let offload = if offloaded {
             let owned: Vec<usize> = plan
-                .buckets
+                .trainable()
                 .iter()
                 .map(|b| b.layout.partition_len())
                 .collect();
@@ -371,11 +404,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .map(|p| p.group)
             .max()
             .unwrap_or(0);
-        let mut runs = Vec::with_capacity(plan.buckets.len());
+        let mut runs = Vec::with_capacity(plan.trainable_buckets);
         {
             let specs: Vec<&crate::model::ParamSpec> =
                 modules.iter().flat_map(|m| &m.params).collect();
-            for (b, bp) in plan.buckets.iter().enumerate() {
+            for (b, bp) in plan.trainable().iter().enumerate() {
                 let held = if policy.shards_optimizer() {
                     bp.layout.partition_range(rank)?
                 } else {
@@ -410,6 +443,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             pool_buffers: 0,
             pool_peak: 0,
             staging_cap: vec![0; n_buckets],
+            trainable_buckets,
             scratch: Vec::new(),
             scratch_allocated: 0,
             inflight: VecDeque::new(),
@@ -455,7 +489,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if self.offload.is_some() {
             return self.init_offloaded_master();
         }
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             if self.buckets[b].opt.master.is_none() {
                 continue; // the parameters are the master weights
             }
@@ -601,6 +635,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The communicator's own counters.
     pub fn comm_stats(&self) -> CommStats {
         self.comm.stats()
+    }
+
+    /// The trainable buckets (gradients, optimizer state); the frozen buckets follow them.
+    fn trainable_range(&self) -> std::ops::Range<usize> {
+        0..self.trainable_buckets
     }
 
     /// Whether bucket `b`'s parameters are kept as the owned partition only (stage 3,

@@ -69,7 +69,9 @@ pub struct MemoryReport {
     pub gathered: usize,
     /// The most gathered at once so far (stage 3).
     pub peak_gathered: usize,
-    /// Frozen parameters (whole on every rank).
+    /// Frozen parameters on the device: whole on every rank, except stage 3's frozen
+    /// buckets, of which this rank holds its partitions (on the host with
+    /// `offload_param`: in `host`).
     pub frozen: usize,
     /// Bytes counted above that are not resident: the gradients (stages 2–3's shards,
     /// stages 0–1's whole buckets), whose host pages go back to the kernel when a step
@@ -127,11 +129,15 @@ pub struct CommReport {
     pub last_step: CommCounters,
     /// Ψ': what one step's volume is measured in.
     pub padded_numel: usize,
+    /// Φ': the frozen elements stage 3 partitions (with padding), gathered with their
+    /// modules; 0 below stage 3.
+    pub frozen_padded_numel: usize,
     /// The paper's elements per optimizer step per rank for this stage and `K` micro-steps
     /// of gradient accumulation, gradient reduction plus parameter gathers: stages 0–1
     /// reduce once per step, 2Ψ'(N−1)/N; stage 2 reduce-scatters every micro-step and
     /// gathers once, (K+1)Ψ'(N−1)/N; stage 3 gathers twice and reduce-scatters once every
-    /// micro-step, 3KΨ'(N−1)/N. With K = 1: 2Ψ and 3Ψ, the paper's.
+    /// micro-step, 3KΨ'(N−1)/N. With K = 1: 2Ψ and 3Ψ, the paper's. Stage 3 gathers the
+    /// frozen buckets in the forward and the backward, 2KΦ'(N−1)/N more.
     pub theory: u64,
     /// [`theory`](Self::theory) as a formula, e.g. `(K+1)Ψ(N-1)/N, K = 3`.
     pub theory_formula: String,
@@ -236,7 +242,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let size = |b: &C::Buffer| self.dev.len(b) * self.dev.dtype(b).size_of();
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);
         let mut r = MemoryReport::default();
-        for s in &self.buckets {
+        for s in &self.buckets[self.trainable_range().end..] {
+            r.frozen += opt_size(s.params.as_ref());
+        }
+        for s in &self.buckets[self.trainable_range()] {
             r.params += opt_size(s.params.as_ref());
             r.grads += if self.policy.shards_gradients() {
                 opt_size(s.grad_shard.as_ref())
@@ -253,7 +262,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.buckets = (self.pool_allocated + self.scratch_allocated) * p;
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
-        r.frozen = size(&self.frozen);
+        r.frozen += size(&self.frozen);
         r.comm = self.comm.held_bytes();
         r.allocator_used = self.dev.allocator_used();
         if let Some(off) = &self.offload {
@@ -297,11 +306,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             _ if k == 1 => (3, "3Ψ(N-1)/N".to_string()),
             _ => (3 * k, format!("3KΨ(N-1)/N, K = {k}")),
         };
+        let phi = self.plan.frozen_bucket_padded_numel() as u64;
+        let (theory, formula) = if phi == 0 {
+            (factor * psi * (n - 1) / n, formula)
+        } else {
+            let formula = match formula.split_once(", K = ") {
+                Some((f, k)) => format!("{f} + 2KΦ(N-1)/N, K = {k}"),
+                None => format!("{formula} + 2Φ(N-1)/N"),
+            };
+            ((factor * psi + 2 * k * phi) * (n - 1) / n, formula)
+        };
         CommReport {
             total: self.counters,
             last_step: self.last_step_comm,
             padded_numel: psi as usize,
-            theory: factor * psi * (n - 1) / n,
+            frozen_padded_numel: phi as usize,
+            theory,
             theory_formula: formula,
         }
     }

@@ -228,7 +228,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.check_external_len(g, out.len())?;
         let mut at = 0;
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             for (r, rg) in self.runs[b].clone() {
                 if rg != g {
                     continue;
@@ -292,7 +292,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.external = None;
         let mut at = vec![0usize; masters.len()];
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             for (r, g) in self.runs[b].clone() {
                 let vals = &masters[g][at[g]..at[g] + r.len()];
                 at[g] += r.len();
@@ -319,7 +319,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The sum of squares and overflow flag over every rank's owned gradients.
     fn global_stats(&mut self) -> Result<(f64, bool), EngineError> {
         let mut mine = GradStats::EMPTY;
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             let (buf, range) = self.step_grads(b)?;
             mine = mine.merge(self.dev.stats(buf, range)?);
         }
@@ -403,7 +403,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.offloaded_adam(grad_scale)?;
             return self.publish_params();
         }
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             let layout = self.plan.buckets[b].layout.clone();
             let part = layout.partition_range(self.rank)?;
             let (grads_range, params_offset) = if self.policy.shards_optimizer() {
@@ -479,7 +479,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// offloaded Adam, a load with offload): the same gathers as after a device step.
     pub(super) fn publish_params(&mut self) -> Result<(), EngineError> {
         let mut gathers = Vec::new();
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             if self.params_sharded(b) {
                 continue; // written in place, nothing to gather
             }
@@ -514,7 +514,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.ready_count = 0;
         self.ready.iter_mut().for_each(|r| *r = false);
         self.fetched.iter_mut().for_each(|f| *f = false);
-        for (b, plan) in self.plan.buckets.iter().enumerate() {
+        for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grad_shard.as_mut() {
                 self.buckets[b].released = self.dev.zero_discarding(g)?;

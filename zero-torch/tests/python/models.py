@@ -58,6 +58,15 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     return {"llama": llama, "gpt2": gpt2, "wide_llama": wide_llama}[name](seed)
 
 
+def freeze_base(model: torch.nn.Module) -> torch.nn.Module:
+    """A LoRA-style frozen base: the projections and the embedding stop training
+    (``requires_grad=False``); the norms and the head train on."""
+    for name, p in model.named_parameters():
+        if "_proj" in name or "embed_tokens" in name or name.startswith("transformer.h."):
+            p.requires_grad_(False)
+    return model
+
+
 def batches(steps: int, batch: int, seed: int = 1) -> List[torch.Tensor]:
     """``steps`` global batches of token ids, the same on every rank."""
     g = torch.Generator().manual_seed(seed)

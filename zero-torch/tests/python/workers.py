@@ -57,14 +57,17 @@ def gathered(engine: Any) -> Dict[str, torch.Tensor]:
         return {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
 
 
-def train_one(model: str, stage: int, dtype: str, gas: int, steps: int, global_batch: int, seed: int = 0, clip: float = 0.0, lr: float = 1e-2, snapshot_at: int = -1, extra: Dict[str, Any] = None) -> Dict[str, Any]:
-    """Trains ``steps`` optimizer steps (``extra``: more config sections); returns the
-    losses, the final parameters (and those after step ``snapshot_at``), and the memory
-    report."""
+def train_one(model: str, stage: int, dtype: str, gas: int, steps: int, global_batch: int, seed: int = 0, clip: float = 0.0, lr: float = 1e-2, snapshot_at: int = -1, extra: Dict[str, Any] = None,
+              frozen: bool = False) -> Dict[str, Any]:
+    """Trains ``steps`` optimizer steps (``extra``: more config sections; ``frozen``: a
+    LoRA-style frozen base, ``models.freeze_base``); returns the losses, the final
+    parameters (and those after step ``snapshot_at``), and the memory report."""
     import zero_torch
 
     rank, world = rank_world()
     m = models.build(model, seed)
+    if frozen:
+        models.freeze_base(m)
     engine, _, _, _ = zero_torch.initialize(model=m, config=config(stage, dtype, gas, global_batch, lr=lr, clip=clip, extra=extra))
     losses: List[float] = []
     snapshot = None
@@ -211,10 +214,12 @@ def train_many(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {"runs": [train_one(**r) for r in runs]}
 
 
-def deepspeed_many(stages: List[int], steps: int, global_batch: int, model: str = "llama") -> Dict[str, Any]:
+def deepspeed_many(stages: List[int], steps: int, global_batch: int, model: str = "llama", frozen: bool = False) -> Dict[str, Any]:
     """DeepSpeed itself (``DS_ACCELERATOR=cpu``, gloo) on the same model, data and config
     as ``train_one`` in fp32, once per stage; its optimizer is ``torch.optim.AdamW``
-    (``torch_adam``), as DeepSpeed has no fused Adam on the CPU without a JIT build."""
+    (``torch_adam``), as DeepSpeed has no fused Adam on the CPU without a JIT build.
+    ``frozen``: a LoRA-style frozen base (``models.freeze_base``); the memory of the
+    frozen weights each rank holds at stage 3 (their ``ds_tensor``) is returned."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
@@ -223,6 +228,8 @@ def deepspeed_many(stages: List[int], steps: int, global_batch: int, model: str 
     runs = []
     for stage in stages:
         m = models.build(model)
+        if frozen:
+            models.freeze_base(m)
         cfg = config(stage, "fp32", 1, global_batch)
         cfg["optimizer"]["params"]["torch_adam"] = True
         engine, _, _, _ = deepspeed.initialize(model=m, config=cfg, model_parameters=m.parameters())
@@ -233,9 +240,10 @@ def deepspeed_many(stages: List[int], steps: int, global_batch: int, model: str 
             engine.step()
             losses.append(loss.item())
         params = list(engine.module.parameters())
+        held = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params if not p.requires_grad and hasattr(p, "ds_tensor"))
         with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):
             whole = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
-        runs.append({"losses": losses, "params": whole})
+        runs.append({"losses": losses, "params": whole, "frozen_held": held})
         engine.destroy()
     return {"runs": runs}
 

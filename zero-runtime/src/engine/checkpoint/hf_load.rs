@@ -90,13 +90,12 @@ impl Source for HfSource<'_> {
         sink(0, &vals)
     }
 
-    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError> {
+    fn frozen(&mut self, id: usize, range: Range<usize>) -> Result<Vec<f32>, CheckpointError> {
         let Some(key) = &self.keys[id] else {
             return Ok(Vec::new());
         };
-        let n = self.ck.tensors()[key].numel();
-        let mut vals = vec![0f32; n];
-        self.ck.read_f32(key, 0..n, &mut vals)?;
+        let mut vals = vec![0f32; range.len()];
+        self.ck.read_f32(key, range, &mut vals)?;
         Ok(vals)
     }
 }

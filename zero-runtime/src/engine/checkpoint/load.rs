@@ -28,8 +28,9 @@ use zero_kernels::DType;
 pub(super) struct Staged<B> {
     /// New optimizer state per bucket.
     pub(super) opt: Vec<AdamState<B>>,
-    /// Frozen parameters from the checkpoint: (offset in the frozen buffer, values).
-    pub(super) frozen: Vec<(usize, Vec<f32>)>,
+    /// Frozen parameters from the checkpoint, the elements this rank holds: (global id,
+    /// element range, values).
+    pub(super) frozen: Vec<FrozenPiece>,
     /// The new offloaded state, when the state lives off the device.
     pub(super) offload: Option<Staging>,
     pub(super) resume: Resume,
@@ -43,6 +44,9 @@ pub(super) struct Resume {
     pub(super) lr_last_batch_iteration: Option<i64>,
     pub(super) client_state: serde_json::Value,
 }
+
+/// Elements `.1` of frozen parameter `.0`, read for this rank.
+pub(super) type FrozenPiece = (usize, Range<usize>, Vec<f32>);
 
 /// Where a source hands its values: (offset in the range asked for, values).
 pub(super) type Sink<'a> = &'a mut dyn FnMut(usize, &[f32]) -> Result<(), CheckpointError>;
@@ -60,8 +64,8 @@ pub(super) trait Source {
         range: Range<usize>,
         sink: Sink<'_>,
     ) -> Result<(), CheckpointError>;
-    /// Frozen parameter `id`'s values, whole.
-    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError>;
+    /// Elements `range` of frozen parameter `id` (flattened).
+    fn frozen(&mut self, id: usize, range: Range<usize>) -> Result<Vec<f32>, CheckpointError>;
 }
 
 /// A checkpoint's files, with the entry found for each parameter.
@@ -88,20 +92,20 @@ impl Source for FileSource<'_> {
         }
     }
 
-    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError> {
+    fn frozen(&mut self, id: usize, range: Range<usize>) -> Result<Vec<f32>, CheckpointError> {
         let Some(entry) = &self.found[id] else {
             return Ok(Vec::new());
         };
         if entry.trainable {
-            let mut v = vec![0f32; entry.numel()];
+            let mut v = vec![0f32; range.len()];
             self.ckpt
-                .read_state(entry, StateKind::Master, 0..entry.numel(), |at, x| {
+                .read_state(entry, StateKind::Master, range, |at, x| {
                     v[at..at + x.len()].copy_from_slice(x);
                     Ok(())
                 })?;
             Ok(v)
         } else {
-            self.ckpt.read_frozen(entry)
+            self.ckpt.read_frozen_range(entry, range)
         }
     }
 }
@@ -139,9 +143,9 @@ impl Source for MemorySource<'_> {
         sink(0, &vals[range])
     }
 
-    fn frozen(&mut self, id: usize) -> Result<Vec<f32>, CheckpointError> {
+    fn frozen(&mut self, id: usize, range: Range<usize>) -> Result<Vec<f32>, CheckpointError> {
         Ok(self.params[id]
-            .map(|p| p.master.clone())
+            .map(|p| p.master[range].to_vec())
             .unwrap_or_default())
     }
 }
@@ -322,19 +326,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         src: &mut dyn Source,
         moments: bool,
-    ) -> Result<
-        (
-            Vec<AdamState<C::Buffer>>,
-            Vec<(usize, Vec<f32>)>,
-            Option<Staging>,
-        ),
-        EngineError,
-    > {
-        let mut opt = Vec::with_capacity(self.buckets.len());
+    ) -> Result<(Vec<AdamState<C::Buffer>>, Vec<FrozenPiece>, Option<Staging>), EngineError> {
+        let mut opt = Vec::with_capacity(self.trainable_buckets);
         let on_device = if self.offload.is_some() {
             0
         } else {
-            self.buckets.len()
+            self.trainable_buckets
         };
         for b in 0..on_device {
             let n = self.held_len(b);
@@ -380,9 +377,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             opt.push(new);
         }
         let mut frozen = Vec::new();
-        for (id, offset) in self.frozen_params() {
+        for id in self.frozen_ids() {
             if src.has(id) {
-                frozen.push((offset, src.frozen(id)?));
+                for r in self.held_ranges(id)? {
+                    frozen.push((id, r.clone(), src.frozen(id, r)?));
+                }
             }
         }
         // Last, as nothing after it may fail: a staged offload copy must be committed or
@@ -407,8 +406,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         src: &mut dyn Source,
         moments: bool,
     ) -> Result<Staging, EngineError> {
-        let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.buckets.len());
-        for b in 0..self.buckets.len() {
+        let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.trainable_buckets);
+        for b in self.trainable_range() {
             pieces.push(self.held_pieces(b)?);
         }
         let mut st = off.begin_staging(true)?;
@@ -481,8 +480,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             self.buckets[b].opt = opt;
         }
-        for (offset, values) in &staged.frozen {
-            self.dev.upload_f32(&mut self.frozen, *offset, values)?;
+        for (id, range, values) in staged.frozen {
+            self.upload_held(id, range, &values)?;
         }
         self.params_from_master()?;
         let r = staged.resume;
@@ -513,7 +512,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             return self.publish_params();
         }
         let mut gathers = Vec::new();
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             let layout = self.plan.buckets[b].layout.clone();
             let part = layout.partition_range(self.rank)?;
             let n = self.held_len(b);

@@ -7,6 +7,7 @@
 //! calls makes the others fail by the communicator's timeout.
 
 mod agree;
+mod frozen;
 mod hf_load;
 mod load;
 mod model16;
@@ -56,7 +57,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// offload tier.
     pub fn optimizer_state(&mut self) -> Result<Vec<StatePiece>, EngineError> {
         let mut out = Vec::new();
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             let start = self.opt_start(b)?;
             for p in self.partition_pieces(b, self.rank)? {
                 let r = p.flat_range.start - start..p.flat_range.end - start;
@@ -118,7 +119,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// Parameter `id`'s spec.
-    fn param_spec(&self, id: usize) -> &crate::model::ParamSpec {
+    pub(in crate::engine) fn param_spec(&self, id: usize) -> &crate::model::ParamSpec {
         let m = self.first_param.partition_point(|&f| f <= id) - 1;
         &self.modules[m].params[id - self.first_param[m]]
     }
@@ -176,13 +177,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .collect())
     }
 
-    /// Frozen parameters: (global id, offset in the frozen buffer).
-    fn frozen_params(&self) -> Vec<(usize, usize)> {
+    /// Frozen parameters kept whole on every rank: (global id, offset in the frozen
+    /// buffer).
+    fn frozen_buffer_params(&self) -> Vec<(usize, usize)> {
         (0..self.param_count())
             .filter_map(|id| match self.plan.locs[id] {
                 ParamLoc::Frozen { offset } => Some((id, offset)),
                 ParamLoc::Bucket { .. } => None,
             })
+            .collect()
+    }
+
+    /// Every frozen parameter (whole in the frozen buffer, or in a frozen bucket), by
+    /// global id.
+    fn frozen_ids(&self) -> Vec<usize> {
+        (0..self.param_count())
+            .filter(|&id| !self.param_spec(id).trainable)
             .collect()
     }
 

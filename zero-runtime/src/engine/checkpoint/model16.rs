@@ -71,7 +71,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// The writers (every rank with `shared`, else rank 0) write bucket by bucket (a
-    /// stage-3 bucket gathered on every rank first), then the frozen parameters; each
+    /// stage-3 bucket, trainable or frozen, gathered on every rank first), then the frozen
+    /// parameters kept whole; each
     /// downloads only the tensors of its own shards.
     fn write_hf(
         &mut self,
@@ -85,7 +86,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for plan in &self.plan.buckets {
             order.extend(&plan.params);
         }
-        let frozen = self.frozen_params();
+        let frozen = self.frozen_buffer_params();
         order.extend(frozen.iter().map(|&(id, _)| id));
         let mut writer = if shared || self.rank == 0 {
             let mut specs: Vec<TensorSpec> = Vec::with_capacity(order.len());
@@ -121,7 +122,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut failure: Option<EngineError> = None;
         for b in 0..self.buckets.len() {
             let layout = self.plan.buckets[b].layout.clone();
-            let gathered = if masters {
+            let gathered = if masters && !self.plan.buckets[b].frozen {
                 Some(self.whole_masters(b)?)
             } else if self.params_sharded(b) {
                 let input = self.shard_input(b)?;

@@ -15,7 +15,6 @@
 use super::super::Engine;
 use super::agree::{clip, TEXT_MAX};
 use super::Piece;
-use crate::checkpoint::export::encode_into;
 use crate::checkpoint::format::{
     dtype_name, moment_key, safetensors_header, FileEntry, FileKind, Fragment, IndexedFile,
     Manifest, ParamEntry, RankIndex, Steps, TensorSpec, FORMAT, FORMAT_VERSION, LATEST, MANIFEST,
@@ -275,10 +274,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<Vec<FileEntry>, EngineError> {
         let rank = self.rank;
         let name = |kind: FileKind| folder.join(kind.file_name(rank, save_id));
-        std::fs::create_dir_all(folder)
-            .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", folder.display())))?;
+        let made = std::fs::create_dir_all(folder)
+            .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", folder.display())));
+        let mut written: Vec<(WrittenFile, FileKind)> = Vec::new();
+        // First, as every rank joins the frozen buckets' gathers whatever else fails.
+        if !options.exclude_frozen_parameters {
+            let file = self.write_frozen_file(&name(FileKind::Frozen), made.is_ok())?;
+            written.extend(file.map(|w| (w, FileKind::Frozen)));
+        }
+        made?;
         let mut pieces: Vec<(usize, Piece)> = Vec::new();
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             pieces.extend(
                 self.partition_pieces(b, self.rank)?
                     .into_iter()
@@ -299,7 +305,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             dtype: DType::F32,
             shape: vec![len],
         };
-        let mut written: Vec<(WrittenFile, FileKind)> = Vec::new();
 
         // Master weights.
         let tensors: Vec<TensorSpec> = pieces
@@ -337,37 +342,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         written.push((w.finish()?, FileKind::Moments));
 
-        // Frozen parameters, whole, in the 16-bit dtype (rank 0).
-        let frozen = self.frozen_params();
-        if self.rank == 0 && !frozen.is_empty() && !options.exclude_frozen_parameters {
-            let tensors: Vec<TensorSpec> = frozen
-                .iter()
-                .map(|&(id, _)| TensorSpec {
-                    name: self.param_name(id),
-                    dtype: self.dtype,
-                    shape: self.param_spec(id).shape.clone(),
-                })
-                .collect();
-            let mut w = FileWriter::create(&name(FileKind::Frozen), DEFAULT_BUFFER)?;
-            w.write(&safetensors_header(&tensors, meta("frozen"))?)?;
-            let size = self.dtype.size_of();
-            let mut vals: Vec<f32> = Vec::new();
-            for &(id, offset) in &frozen {
-                let n = self.param_spec(id).numel();
-                w.write_with(n * size, |at, dst| {
-                    let first = offset + at / size;
-                    vals.resize(dst.len() / size, 0.0);
-                    self.dev.download_f32_into(
-                        &self.frozen,
-                        first..first + vals.len(),
-                        &mut vals,
-                    )?;
-                    encode_into(&vals, self.dtype, dst).map_err(EngineError::from)
-                })?;
-            }
-            written.push((w.finish()?, FileKind::Frozen));
-        }
-
         // The index: every file with its chunk checksums.
         let index = RankIndex {
             rank: self.rank,
@@ -403,7 +377,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for id in 0..self.param_count() {
             let spec = self.param_spec(id);
             let fragments = match self.plan.locs[id] {
-                ParamLoc::Frozen { .. } if options.exclude_frozen_parameters => continue,
+                _ if !spec.trainable && options.exclude_frozen_parameters => continue,
+                // Frozen values are in the frozen file, whole.
+                _ if !spec.trainable => Vec::new(),
                 ParamLoc::Frozen { .. } => Vec::new(),
                 ParamLoc::Bucket { bucket, index } => self.plan.buckets[bucket]
                     .layout

@@ -62,7 +62,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let work = self.issue(|c| &mut c.control, |comm| comm.broadcast(flat, root))?;
         let flat = work.wait()?;
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             let start = self.opt_start(b)?;
             for piece in self.held_pieces(b)? {
                 let Some(from) = offsets[piece.param] else {
@@ -74,11 +74,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 dev.copy(&flat, src, master, held + at)?;
             }
         }
-        for (id, offset) in self.frozen_params() {
-            if let Some(from) = offsets[id] {
-                let n = self.param_spec(id).numel();
-                self.dev
-                    .copy(&flat, from..from + n, &mut self.frozen, offset)?;
+        for id in self.frozen_ids() {
+            let Some(from) = offsets[id] else {
+                continue;
+            };
+            for r in self.held_ranges(id)? {
+                let vals = self.dev.download_f32(&flat, from + r.start..from + r.end)?;
+                self.upload_held(id, r, &vals)?;
             }
         }
         self.params_from_master()
@@ -117,7 +119,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for (id, v) in values {
             self.upload_param(*id, v)?;
         }
-        for b in 0..self.buckets.len() {
+        for b in self.trainable_range() {
             if self.buckets[b].opt.master.is_none() {
                 continue; // fp32: written with the parameters
             }

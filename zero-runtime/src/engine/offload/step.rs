@@ -307,7 +307,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .take()
             .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
         let r = (|| {
-            for b in 0..self.buckets.len() {
+            for b in self.trainable_range() {
                 let n = self.plan.buckets[b].layout.partition_len();
                 off.read(b, 0, 0..n, |o, vals| self.upload_owned_f32(b, o, vals))?;
             }

@@ -7,7 +7,10 @@ stage 3, bf16, on N CPU processes, three ways:
   fills it one unit at a time from seeded initializers);
 - ``pretrained``: ``zero_torch.from_pretrained`` of the same model saved with
   ``save_pretrained`` (each rank reads only the byte ranges it holds);
-- ``ds_init``, ``ds_pretrained``: DeepSpeed itself (``DS_ACCELERATOR=cpu``, gloo,
+- ``lora``: built inside ``zero_torch.zero.Init`` with a LoRA-style frozen base: every
+  parameter but the norms frozen (``requires_grad=False``; about 35K trained), as PEFT
+  fine-tuning holds it;
+- ``ds_init``, ``ds_pretrained``, ``ds_lora``: DeepSpeed itself (``DS_ACCELERATOR=cpu``, gloo,
   ``torch_adam``) on the same config: the model built inside ``deepspeed.zero.Init``, and
   transformers' ``from_pretrained`` of the same folder under ``HfDeepSpeedConfig`` (as a
   DeepSpeed user's script loads it).
@@ -15,7 +18,9 @@ stage 3, bf16, on N CPU processes, three ways:
 Per rank: peak RSS growth (``VmHWM``, from just before the model is built, through
 ``--steps`` training steps), the engine's model states, the issue's budget (model states +
 2 x (``stage3_max_live_parameters`` + ``reduce_bucket_size``) 16-bit elements + 256 MiB),
-and the seconds from building the model to the end of ``initialize``.
+and the seconds from building the model to the end of ``initialize``. With a frozen
+base the model states include the frozen weights each rank holds (zero's
+``memory_report()["frozen"]``; DeepSpeed's frozen ``ds_tensor`` bytes).
 
     PYTHONPATH=<zero_torch and torch> python3 zero-torch/benches/bench_big_model.py [--worlds 1 2 4]
 """
@@ -87,9 +92,11 @@ def rank_main(mode: str, folder: str, steps: int) -> None:
     if mode == "ordinary":
         with zero_torch.zero.Init(config_dict_or_path=cfg, seed=None):
             model = LlamaForCausalLM(llama_config())
-    elif mode == "init":
+    elif mode in ("init", "lora"):
         with zero_torch.zero.Init(config_dict_or_path=cfg, seed=0):
             model = LlamaForCausalLM(llama_config())
+        if mode == "lora":
+            freeze_base(model)
     else:
         model = zero_torch.from_pretrained(folder, config=cfg)
         model.train()
@@ -99,9 +106,16 @@ def rank_main(mode: str, folder: str, steps: int) -> None:
 
     def states() -> int:
         report = engine.memory_report()
-        return sum(report.get(k, 0) for k in ("params", "grads", "master", "exp_avg", "exp_avg_sq", "grad_accum"))
+        return sum(report.get(k, 0) for k in ("params", "grads", "master", "exp_avg", "exp_avg_sq", "grad_accum", "frozen"))
 
     train_and_report(engine, rank, steps, base, start_s, states)
+
+
+def freeze_base(model: Any) -> None:
+    """A LoRA-style frozen base: every parameter but the norms stops training."""
+    for name, p in model.named_parameters():
+        if "norm" not in name:
+            p.requires_grad_(False)
 
 
 def train_and_report(engine: Any, rank: int, steps: int, base: int, start_s: float, states: Any) -> None:
@@ -138,9 +152,11 @@ def ds_main(mode: str, folder: str, steps: int, cfg: Dict[str, Any]) -> None:
     reset_peak()
     base = peak_rss()
     t0 = time.perf_counter()
-    if mode == "ds_init":
+    if mode in ("ds_init", "ds_lora"):
         with deepspeed.zero.Init(config_dict_or_path=cfg):
             model = LlamaForCausalLM(llama_config())
+        if mode == "ds_lora":
+            freeze_base(model)
     else:
         from transformers.integrations import HfDeepSpeedConfig
 
@@ -149,8 +165,12 @@ def ds_main(mode: str, folder: str, steps: int, cfg: Dict[str, Any]) -> None:
         model.train()
     engine, _, _, _ = deepspeed.initialize(model=model, config=cfg, model_parameters=model.parameters())
     start_s = time.perf_counter() - t0
-    train_and_report(engine, rank, steps, base, start_s,
-                     lambda: 16 * sum(p.ds_tensor.numel() for p in model.parameters()))
+    def states() -> int:
+        """16 bytes per owned trained element, the 16-bit partition of a frozen one."""
+        return sum((16 if p.requires_grad else p.ds_tensor.element_size()) * p.ds_tensor.numel()
+                   for p in model.parameters())
+
+    train_and_report(engine, rank, steps, base, start_s, states)
 
 
 def launch(world: int, mode: str, folder: str, steps: int) -> List[Dict[str, Any]]:

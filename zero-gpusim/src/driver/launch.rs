@@ -6,11 +6,11 @@
 
 use super::clock::VectorClock;
 use super::errors::FindingKind;
+use super::exec_ctx::ExecCtx;
 use super::memory::{memory, Allocation, Place};
 use super::module::Function;
 use super::shadow::{Access, Kind};
 use super::traffic;
-use super::work::ExecCtx;
 use crate::ptx;
 use cudarc::driver::sys::cudaError_enum as E;
 use std::sync::atomic::Ordering;
@@ -316,10 +316,10 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
     let Some(kernel) = k.function.kernel() else {
         return Err((
             FindingKind::Kernel,
-            format!("{}: the kernel vanished", cx.op.label),
+            format!("{}: the kernel vanished", cx.label),
         ));
     };
-    let mut mem = LaunchMemory::new(cx.who(), cx.op.vc.clone());
+    let mut mem = LaunchMemory::new(cx.who(), cx.vc.clone());
     let opts = ptx::ExecOptions {
         seed: k.seed,
         max_shared_bytes: MAX_SHARED_OPTIN,
@@ -352,7 +352,7 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
                 ptx::ExecError::Fault { .. } => FindingKind::Memory,
                 _ => FindingKind::Kernel,
             };
-            return Err((kind, format!("{}: {e}", cx.op.label)));
+            return Err((kind, format!("{}: {e}", cx.label)));
         }
     };
     traffic::record(
@@ -369,7 +369,7 @@ pub fn execute(cx: &ExecCtx<'_>, k: &KernelWork) -> Result<(), (FindingKind, Str
         stats.thread_instructions,
     );
     match race {
-        Some(m) => Err((FindingKind::Race, format!("{}: {m}", cx.op.label))),
+        Some(m) => Err((FindingKind::Race, format!("{}: {m}", cx.label))),
         None => Ok(()),
     }
 }

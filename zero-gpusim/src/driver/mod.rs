@@ -5,6 +5,8 @@ pub mod clock;
 pub mod config;
 pub mod errors;
 pub mod event;
+pub mod exec;
+pub mod exec_ctx;
 pub mod host;
 pub mod launch;
 pub mod memory;

@@ -8,8 +8,10 @@
 //! threads happen to interleave.
 
 use super::clock::{Agent, VectorClock};
+use super::exec::execute;
+use super::exec_ctx::ExecCtx;
 use super::shadow::OpLabel;
-use super::work::{execute, Work};
+use super::work::Work;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -174,7 +176,17 @@ impl Stream {
             let label = op.label.clone();
             // A panic in the stand-in must not kill the stream (every later wait would hang):
             // it becomes a finding naming the operation.
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&self, op)));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut op = op;
+                let work = std::mem::replace(&mut op.work, Work::Marker);
+                let cx = ExecCtx {
+                    agent: self.agent,
+                    tick: op.tick,
+                    vc: &op.vc,
+                    label: &op.label,
+                };
+                execute(work, cx, &self.name())
+            }));
             if let Err(p) = ran {
                 let what = p
                     .downcast_ref::<String>()

@@ -11,16 +11,20 @@
 //! - A checkpoint saved at stage 3 loads at other stages and world sizes with the frozen
 //!   values intact, with `exclude_frozen_parameters` too, and the 16-bit weights saved in
 //!   Hugging Face's format hold them.
+//! - On a GPU (the stand-in in CI: `.ci/gpusim`), stage 3 with the frozen base gives the
+//!   host engine's bits, with and without `offload_param`.
 
 use serde_json::json;
-use zero_comm::HostGroup;
+use std::time::Duration;
+use zero_comm::{DeviceGroup, HostGroup};
+use zero_kernels::testing::gpu_or_skip;
 use zero_runtime::{
-    Device, Engine, EngineError, HostDevice, LoadOptions, ModuleSpec, ParamSpec, SaveOptions,
-    ZeroConfig,
+    CudaDevice, Device, Engine, EngineError, HostDevice, LoadOptions, ModuleSpec, ParamSpec,
+    SaveOptions,
 };
 use zero_tests::{
-    dataset, init_values, loss_and_grads, micro_batch, mlp_config, seed, with_offload, Params,
-    DIMS, MICRO_BATCH,
+    dataset, init_values, loss_and_grads, micro_batch, mlp_config, run_ranks_model, seed,
+    with_offload, Params, DIMS, MICRO_BATCH,
 };
 
 /// The MLP with layer 0's and layer 1's weights (91 and 65 elements) frozen.
@@ -89,27 +93,8 @@ fn run<R: Send>(
     seed: u64,
     f: impl Fn(&mut Engine<zero_comm::HostComm, HostDevice>) -> R + Sync,
 ) -> Vec<R> {
-    let comms = HostGroup::with_timeout(world, std::time::Duration::from_secs(30)).expect("group");
-    let cfg = ZeroConfig::from_json_str(cfg, world).expect("config");
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                let (cfg, f) = (cfg.clone(), &f);
-                s.spawn(move || {
-                    let mut e = Engine::new(cfg, frozen_mlp(), comm, HostDevice, |id, _, v| {
-                        init_values(seed, id, v)
-                    })
-                    .expect("engine");
-                    f(&mut e)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank"))
-            .collect()
-    })
+    let comms = HostGroup::with_timeout(world, Duration::from_secs(30)).expect("group");
+    run_ranks_model(comms, || HostDevice, cfg, seed, frozen_mlp, f)
 }
 
 fn bits(p: &Params) -> Vec<u32> {
@@ -117,6 +102,17 @@ fn bits(p: &Params) -> Vec<u32> {
 }
 
 const STEPS: usize = 4;
+
+/// `STEPS` steps on one rank's engine, then every parameter.
+fn steps_then_params<C: zero_comm::Communicator, D: Device<Buffer = C::Buffer>>(
+    e: &mut Engine<C, D>,
+    data: &[(Vec<f32>, Vec<f32>)],
+) -> Params {
+    for s in 0..STEPS {
+        step(e, data, s).expect("step");
+    }
+    full_params(e).expect("params")
+}
 
 /// Trains `STEPS` steps; returns each rank's parameters and memory report.
 fn train(
@@ -286,5 +282,36 @@ fn a_stage_3_checkpoint_with_a_partitioned_frozen_base_loads_anywhere() {
         let got: Vec<u32> = vals.iter().map(|x| x.to_bits()).collect();
         let exp: Vec<u32> = layer[0].iter().map(|x| x.to_bits()).collect();
         assert_eq!(got, exp, "{name} in the Hugging Face weights");
+    }
+}
+
+#[test]
+fn a_partitioned_frozen_base_on_the_gpu_gives_the_host_engines_bits() {
+    if gpu_or_skip("frozen base at stage 3 on the GPU").is_none() {
+        return;
+    }
+    let seed = seed("frozen_stage3_gpu");
+    let world = 2;
+    let data = dataset(seed, STEPS * world * MICRO_BATCH);
+    let base = one_module_per_bucket(3, "bf16");
+    let offloaded = with_offload(&base, "offload_param", &json!({"device": "cpu"}), None);
+    for (cfg, label) in [(&base, "stage 3"), (&offloaded, "stage 3 + offload_param")] {
+        let host = run(world, cfg, seed, |e| steps_then_params(e, &data));
+        let comms = DeviceGroup::with_timeout(world, Duration::from_secs(60)).expect("group");
+        let dev = run_ranks_model(
+            comms,
+            || CudaDevice::new().expect("device"),
+            cfg,
+            seed,
+            frozen_mlp,
+            |e| steps_then_params(e, &data),
+        );
+        for r in 0..world {
+            assert_eq!(
+                bits(&dev[r]),
+                bits(&host[r]),
+                "{label}, rank {r} (seed {seed})"
+            );
+        }
     }
 }

@@ -19,54 +19,15 @@ from __future__ import annotations
 import hashlib
 import sys
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
 
 from .errors import ZeroError
 
-@dataclass(frozen=True)
-class LazySpec:
-    """How the parameters built inside one ``zero.Init`` are filled."""
+from ._placeholder import LazySpec, placeholder, retype, shard_of, spec_of
 
-    seed: int
-    param_init_fn: Optional[Callable[[torch.nn.Module], None]]
-    checkpoint: Optional[str]
-    """A Hugging Face checkpoint folder the engine loads right after it is built."""
-    written: bool = False
-    """The values are written before ``initialize`` inside ``GatheredParameters(...,
-    modifier_rank=r)`` (transformers' loading under ZeRO-3): each rank keeps its shard of
-    rank ``r``'s writes (:func:`keep_shards`), and the engine's build gathers a parameter at
-    a time. A parameter nothing wrote is an error naming it."""
-
-
-def spec_of(p: torch.Tensor) -> Optional[LazySpec]:
-    """The fill of a placeholder parameter, ``None`` for a parameter with values."""
-    return getattr(p, "_zero_lazy", None)
-
-
-def shard_of(p: torch.Tensor) -> Optional[torch.Tensor]:
-    """This rank's shard of a written placeholder's values (:func:`keep_shards`), if any."""
-    return getattr(p, "_zero_shard", None)
-
-
-def _poison(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """One poison element (NaN, or 0 for integers) of ``dtype``, expanded to ``shape``."""
-    value = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), value, dtype=dtype).expand(shape)
-
-
-def placeholder(shape: torch.Size, dtype: torch.dtype, requires_grad: bool, spec: LazySpec) -> torch.nn.Parameter:
-    """A parameter of ``shape`` and ``dtype`` holding one poison element, expanded."""
-    p = torch.nn.Parameter(_poison(shape, dtype), requires_grad=requires_grad)
-    p._zero_lazy = spec  # type: ignore[attr-defined]
-    return p
-
-
-def retype(p: torch.nn.Parameter, dtype: torch.dtype) -> None:
-    """Points placeholder ``p`` at poison of ``dtype`` (the engine trains in it)."""
-    p.data = _poison(p.shape, dtype)
+__all__ = ["LazySpec", "placeholder", "retype", "shard_of", "spec_of"]
 
 
 class Construction:

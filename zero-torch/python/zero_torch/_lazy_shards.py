@@ -3,7 +3,7 @@ per rank.
 
 transformers loads a model under ZeRO-3 by writing each module's weights on rank 0 inside
 ``GatheredParameters(params, modifier_rank=0)``, before any engine exists. For a model
-built without its parameters (the placeholders of :mod:`._lazy_init`), the block
+built without its parameters (the placeholders of :mod:`._placeholder`), the block
 materializes only its own parameters; on exit rank ``r``'s values are *scattered*: each
 rank keeps ``ceil(numel / world)`` elements of every parameter (its *shard*) and the
 parameter is a placeholder again. So no rank ever holds more than the block's parameters
@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _dist, _lazy_init
+from . import _dist, _placeholder
 
 
 def _world() -> Tuple[int, int]:
@@ -81,7 +81,7 @@ def gather(params: List[torch.nn.Parameter]) -> List[torch.Tensor]:
 
 
 def _shard(p: torch.nn.Parameter) -> torch.Tensor:
-    shard = _lazy_init.shard_of(p)
+    shard = _placeholder.shard_of(p)
     assert shard is not None, "gather() takes written placeholders only"
     return shard
 
@@ -91,7 +91,7 @@ def materialize(params: List[torch.nn.Parameter]) -> None:
     the shards where it was written before, else NaN poison (what nothing writes stays
     detectable). A collective when any has shards."""
     params = _unique(params)
-    written = [p for p in params if _lazy_init.shard_of(p) is not None]
+    written = [p for p in params if _placeholder.shard_of(p) is not None]
     values = dict(zip(map(id, written), gather(written))) if written else {}
     for p in params:
         if id(p) in values:
@@ -128,4 +128,4 @@ def keep_shards(params: List[torch.nn.Parameter], src: int) -> None:
 def release(params: List[torch.nn.Parameter]) -> None:
     """Every parameter in ``params`` a placeholder again (its shard, if any, kept)."""
     for p in _unique(params):
-        _lazy_init.retype(p, p.dtype)
+        _placeholder.retype(p, p.dtype)

@@ -23,8 +23,8 @@ use zero_runtime::{
     SaveOptions,
 };
 use zero_tests::{
-    dataset, init_values, loss_and_grads, micro_batch, mlp_config, run_ranks_model, seed,
-    with_offload, Params, DIMS, MICRO_BATCH,
+    dataset, full_params, init_values, loss_and_grads, micro_batch, mlp_config, run_ranks_model,
+    seed, with_offload, Params, DIMS, MICRO_BATCH,
 };
 
 /// The MLP with layer 0's and layer 1's weights (91 and 65 elements) frozen.
@@ -47,20 +47,6 @@ fn frozen_mlp() -> Vec<ModuleSpec> {
 
 fn trainable(l: usize, k: usize) -> bool {
     l == 2 || k == 1
-}
-
-/// Every parameter, `[layer][weight, bias]` (a collective at stage 3).
-fn full_params<C: zero_comm::Communicator, D: Device<Buffer = C::Buffer>>(
-    e: &mut Engine<C, D>,
-) -> Result<Params, EngineError> {
-    (0..3)
-        .map(|m| {
-            e.fetch(m)?;
-            let p = e.params_f32(m)?;
-            e.release(m)?;
-            Ok(p)
-        })
-        .collect()
 }
 
 /// One optimizer step: forward, then backward handing the trainable gradients only.

@@ -237,6 +237,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
+    /// Bucket `b` whole, gathered now on every rank (a collective, outside the fetch
+    /// machinery: for a save), where its parameters are partitioned; `None` where this
+    /// rank holds them whole.
+    pub(super) fn gather_if_sharded(&mut self, b: usize) -> Result<Option<C::Buffer>, EngineError> {
+        if !self.params_sharded(b) {
+            return Ok(None);
+        }
+        let input = self.shard_input(b)?;
+        let output = self
+            .dev
+            .zeros(self.dtype, self.plan.buckets[b].layout.total_len())?;
+        let work = self.issue(
+            |c| &mut c.param_gather,
+            |comm| comm.all_gather(input, output),
+        )?;
+        Ok(Some(work.wait()?.1))
+    }
+
     /// Waits for every gather in flight (the buckets stay gathered).
     pub(super) fn wait_all_gathers(&mut self) -> Result<(), EngineError> {
         for b in 0..self.buckets.len() {

@@ -13,7 +13,7 @@ use crate::EngineError;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
-use zero_comm::{Communicator, Completion};
+use zero_comm::Communicator;
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Every rank calls it (with frozen buckets it gathers them); rank 0 writes `path`
@@ -50,17 +50,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         for b in buckets {
             let layout = self.plan.buckets[b].layout.clone();
-            let full = if self.params_sharded(b) {
-                let input = self.shard_input(b)?;
-                let output = self.dev.zeros(self.dtype, layout.total_len())?;
-                let work = self.issue(
-                    |c| &mut c.param_gather,
-                    |comm| comm.all_gather(input, output),
-                )?;
-                Some(work.wait()?.1)
-            } else {
-                None
-            };
+            let full = self.gather_if_sharded(b)?;
             let (Some(w), None) = (writer.as_mut(), &failure) else {
                 continue;
             };

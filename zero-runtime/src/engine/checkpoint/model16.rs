@@ -124,16 +124,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let layout = self.plan.buckets[b].layout.clone();
             let gathered = if masters && !self.plan.buckets[b].frozen {
                 Some(self.whole_masters(b)?)
-            } else if self.params_sharded(b) {
-                let input = self.shard_input(b)?;
-                let output = self.dev.zeros(self.dtype, layout.total_len())?;
-                let work = self.issue(
-                    |c| &mut c.param_gather,
-                    |comm| comm.all_gather(input, output),
-                )?;
-                Some(work.wait()?.1)
             } else {
-                None
+                self.gather_if_sharded(b)?
             };
             if let (Some(w), None) = (writer.as_mut(), &failure) {
                 let full = match &gathered {

@@ -43,7 +43,9 @@ impl ParamSpec {
         self
     }
 
-    /// A frozen parameter: kept whole on every rank, never communicated.
+    /// A frozen parameter: no gradient, no optimizer state, never reduced. Whole on every
+    /// rank below stage 3; at stage 3 partitioned and gathered with its module like a
+    /// trained one (whole if at or under the persistence threshold).
     pub fn frozen(name: impl Into<String>, shape: &[usize]) -> Self {
         Self {
             trainable: false,

@@ -5,7 +5,7 @@
 //! the part of it that falls in the rank's partition of its bucket: possibly shorter than
 //! DeepSpeed's, possibly empty, and the ranks' pieces in rank order make up the flattened
 //! parameter. A parameter the engine keeps whole on every rank (below stage 3, stage 3's
-//! persistent ones, the frozen ones) is held whole.
+//! persistent ones, trained or frozen) is held whole.
 
 use super::Engine;
 use crate::device::Device;

@@ -137,7 +137,9 @@ pub struct CommReport {
     /// reduce once per step, 2Ψ'(N−1)/N; stage 2 reduce-scatters every micro-step and
     /// gathers once, (K+1)Ψ'(N−1)/N; stage 3 gathers twice and reduce-scatters once every
     /// micro-step, 3KΨ'(N−1)/N. With K = 1: 2Ψ and 3Ψ, the paper's. Stage 3 gathers the
-    /// frozen buckets in the forward and the backward, 2KΦ'(N−1)/N more.
+    /// frozen buckets in the forward and the backward, 2KΦ'(N−1)/N more (a frozen module
+    /// the backward never reaches, an embedding of token ids, is gathered once: the
+    /// counters then show less than this figure).
     pub theory: u64,
     /// [`theory`](Self::theory) as a formula, e.g. `(K+1)Ψ(N-1)/N, K = 3`.
     pub theory_formula: String,

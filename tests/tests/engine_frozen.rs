@@ -5,7 +5,7 @@
 //! the two hidden layers' weights frozen: the biases and the last layer train.
 //!
 //! - Stage 3 trains to the bits of stage 2 (the trainable buckets are the same), at
-//!   world sizes 2 and 4, in bf16 and fp32, with and without `offload_param`.
+//!   world sizes 2 and 4, in bf16 and fp32, with and without `offload_param` (cpu, nvme).
 //! - Each rank holds its partitions of the frozen weights, not all of them
 //!   (`memory_report().frozen`), and the comm report counts their gathers to the element.
 //! - A checkpoint saved at stage 3 loads at other stages and world sizes with the frozen
@@ -134,7 +134,17 @@ fn a_frozen_base_is_partitioned_at_stage_3_and_trains_to_stage_2s_bits() {
         let stage2 = train(world, &one_module_per_bucket(2, precision), seed);
         let base = one_module_per_bucket(3, precision);
         let offloaded = with_offload(&base, "offload_param", &json!({"device": "cpu"}), None);
-        for (cfg, label) in [(&base, "stage 3"), (&offloaded, "stage 3 + offload_param")] {
+        let nvme_dir = tempfile::Builder::new()
+            .prefix("zero-frozen-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("temporary folder");
+        let nvme = json!({"device": "nvme", "nvme_path": nvme_dir.path()});
+        let swapped = with_offload(&base, "offload_param", &nvme, None);
+        for (cfg, label) in [
+            (&base, "stage 3"),
+            (&offloaded, "stage 3 + offload_param"),
+            (&swapped, "stage 3 + offload_param nvme"),
+        ] {
             let ctx = format!("world {world}, {precision}, {label} (seed {seed})");
             let stage3 = train(world, cfg, seed);
             for r in 0..world {
@@ -161,7 +171,8 @@ fn a_frozen_base_is_partitioned_at_stage_3_and_trains_to_stage_2s_bits() {
             let mut held = 0;
             for (r, (_, mem, comm)) in stage3.iter().enumerate() {
                 let device = mem.frozen;
-                let host = mem.host.params;
+                // The parameter tier's partitions, trained and frozen: host or NVMe.
+                let host = mem.host.params + mem.nvme.params;
                 // (Partitions align to 512 bytes: on this small model the padding is most
                 // of them; the byte count below is the formula's.)
                 if label == "stage 3" {
@@ -169,7 +180,7 @@ fn a_frozen_base_is_partitioned_at_stage_3_and_trains_to_stage_2s_bits() {
                 } else {
                     assert_eq!(
                         device, 0,
-                        "{ctx}, rank {r}: the frozen partitions are on the host"
+                        "{ctx}, rank {r}: the frozen partitions are in the parameter tier"
                     );
                 }
                 // Frozen buckets pad to the world: each rank's partition is Φ'/N.

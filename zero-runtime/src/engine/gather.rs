@@ -80,14 +80,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.trace.modules.clear();
         }
         self.trace.observe(m);
-        if self.plan.fetch_buckets[m].is_empty() {
+        let buckets = self.plan.fetch_buckets[m].clone();
+        if buckets.is_empty() {
             return Ok(());
         }
         let t0 = Instant::now();
-        for b in self.plan.fetch_buckets[m].clone() {
+        for &b in &buckets {
             self.issue_gather(b)?;
         }
-        for b in self.plan.fetch_buckets[m].clone() {
+        for &b in &buckets {
             self.wait_gather(b)?;
         }
         self.prefetch()?;
@@ -210,12 +211,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         // further, and a pass would end with the whole model gathered.
         let mut ahead = 0u64;
         let mut seen = Vec::new();
-        let upcoming: Vec<usize> =
-            self.trace.modules[self.trace.pos.min(self.trace.modules.len())..].to_vec();
-        let upcoming = upcoming
-            .into_iter()
-            .flat_map(|m| self.plan.fetch_buckets[m].clone());
-        for b in upcoming.collect::<Vec<_>>() {
+        let upcoming: Vec<usize> = self.trace.modules
+            [self.trace.pos.min(self.trace.modules.len())..]
+            .iter()
+            .flat_map(|&m| self.plan.fetch_buckets[m].iter().copied())
+            .collect();
+        for b in upcoming {
             if ahead >= budget {
                 break;
             }

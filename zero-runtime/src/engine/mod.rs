@@ -198,8 +198,6 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     fetched: Vec<bool>,
     ready_count: usize,
     trainable_modules: usize,
-    /// Buckets `0..trainable_buckets` train; the frozen buckets (stage 3) follow.
-    trainable_buckets: usize,
     trace: gather::Trace,
     live_gathered: usize,
     peak_gathered: usize,
@@ -332,7 +330,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
-        let trainable_buckets = plan.trainable_buckets;
         if let (true, Some(o)) = (offloaded, &cfg.optimizer) {
             if o.adam.is_none() {
                 return Err(crate::ConfigError::Unsupported {
@@ -443,7 +440,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             pool_buffers: 0,
             pool_peak: 0,
             staging_cap: vec![0; n_buckets],
-            trainable_buckets,
             scratch: Vec::new(),
             scratch_allocated: 0,
             inflight: VecDeque::new(),
@@ -639,7 +635,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// The trainable buckets (gradients, optimizer state); the frozen buckets follow them.
     fn trainable_range(&self) -> std::ops::Range<usize> {
-        0..self.trainable_buckets
+        0..self.plan.trainable_buckets
     }
 
     /// Whether bucket `b`'s parameters are kept as the owned partition only (stage 3,

@@ -5,12 +5,12 @@
 //! than one of them at once.
 
 use super::super::Engine;
+use super::save::file_meta;
 use crate::checkpoint::export::encode_into;
-use crate::checkpoint::format::{safetensors_header, TensorSpec, FORMAT};
+use crate::checkpoint::format::{safetensors_header, TensorSpec};
 use crate::device::Device;
 use crate::io::{FileWriter, WrittenFile, DEFAULT_BUFFER};
 use crate::EngineError;
-use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 use zero_comm::Communicator;
@@ -25,7 +25,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         write: bool,
     ) -> Result<Option<WrittenFile>, EngineError> {
         let whole = self.frozen_buffer_params();
-        let buckets: Vec<usize> = (self.trainable_buckets..self.buckets.len()).collect();
+        let buckets: Vec<usize> = (self.trainable_range().end..self.buckets.len()).collect();
         if whole.is_empty() && buckets.is_empty() {
             return Ok(None);
         }
@@ -97,12 +97,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 shape: self.param_spec(id).shape.clone(),
             })
             .collect();
-        let meta = HashMap::from([
-            ("format".to_string(), FORMAT.to_string()),
-            ("kind".to_string(), "frozen".to_string()),
-            ("rank".to_string(), self.rank.to_string()),
-            ("world_size".to_string(), self.world.to_string()),
-        ]);
+        let meta = file_meta("frozen", self.rank, self.world);
         let mut w = FileWriter::create(path, DEFAULT_BUFFER)?;
         w.write(&safetensors_header(&tensors, meta)?)?;
         Ok(w)

@@ -327,11 +327,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         src: &mut dyn Source,
         moments: bool,
     ) -> Result<(Vec<AdamState<C::Buffer>>, Vec<FrozenPiece>, Option<Staging>), EngineError> {
-        let mut opt = Vec::with_capacity(self.trainable_buckets);
+        let mut opt = Vec::with_capacity(self.trainable_range().len());
         let on_device = if self.offload.is_some() {
             0
         } else {
-            self.trainable_buckets
+            self.trainable_range().len()
         };
         for b in 0..on_device {
             let n = self.held_len(b);
@@ -406,7 +406,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         src: &mut dyn Source,
         moments: bool,
     ) -> Result<Staging, EngineError> {
-        let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.trainable_buckets);
+        let mut pieces: Vec<Vec<Piece>> = Vec::with_capacity(self.trainable_range().len());
         for b in self.trainable_range() {
             pieces.push(self.held_pieces(b)?);
         }

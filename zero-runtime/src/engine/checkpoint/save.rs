@@ -86,6 +86,16 @@ fn stream_f32<D: Device>(
     })
 }
 
+/// The safetensors metadata of one of a rank's checkpoint files.
+pub(super) fn file_meta(kind: &str, rank: usize, world: usize) -> HashMap<String, String> {
+    HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("kind".to_string(), kind.to_string()),
+        ("rank".to_string(), rank.to_string()),
+        ("world_size".to_string(), world.to_string()),
+    ])
+}
+
 impl From<IoError> for EngineError {
     fn from(e: IoError) -> Self {
         CheckpointError::from(e).into()
@@ -292,14 +302,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             );
         }
         let world = self.world;
-        let meta = |kind: &str| {
-            HashMap::from([
-                ("format".to_string(), FORMAT.to_string()),
-                ("kind".to_string(), kind.to_string()),
-                ("rank".to_string(), rank.to_string()),
-                ("world_size".to_string(), world.to_string()),
-            ])
-        };
+        let meta = |kind: &str| file_meta(kind, rank, world);
         let spec = |name: String, len: usize| TensorSpec {
             name,
             dtype: DType::F32,
@@ -376,12 +379,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut params = Vec::with_capacity(self.param_count());
         for id in 0..self.param_count() {
             let spec = self.param_spec(id);
+            if !spec.trainable && options.exclude_frozen_parameters {
+                continue;
+            }
             let fragments = match self.plan.locs[id] {
-                _ if !spec.trainable && options.exclude_frozen_parameters => continue,
-                // Frozen values are in the frozen file, whole.
-                _ if !spec.trainable => Vec::new(),
-                ParamLoc::Frozen { .. } => Vec::new(),
-                ParamLoc::Bucket { bucket, index } => self.plan.buckets[bucket]
+                ParamLoc::Bucket { bucket, index } if spec.trainable => self.plan.buckets[bucket]
                     .layout
                     .tensor_shards(index)?
                     .into_iter()
@@ -392,6 +394,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         len: s.tensor_range.len(),
                     })
                     .collect(),
+                // Frozen values are in the frozen file, whole.
+                _ => Vec::new(),
             };
             params.push(ParamEntry {
                 name: self.param_name(id),

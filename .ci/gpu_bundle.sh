@@ -21,12 +21,12 @@ for line in sys.stdin:
         print(m["executable"])
 ' "$name" "$dir"
 }
-tests="--test gpu --test device_group --test engine_gpu --test engine_gpu_memory --test engine_frozen --test offload_gpu --test offload_memlock --test checkpoint_gpu"
+tests="--test gpu --test device_group --test engine_gpu --test engine_gpu_memory --test engine_frozen --test hf_load --test offload_gpu --test offload_memlock --test checkpoint_gpu"
 # shellcheck disable=SC2086
 {
   cp "$(exe gpu zero-kernels test --workspace --no-run $tests)" "$stage/bin/kernels_gpu"
   cp "$(exe gpu zero-candle test --workspace --no-run $tests)" "$stage/bin/candle_gpu"
-  for t in device_group engine_gpu engine_gpu_memory engine_frozen offload_gpu offload_memlock checkpoint_gpu; do
+  for t in device_group engine_gpu engine_gpu_memory engine_frozen hf_load offload_gpu offload_memlock checkpoint_gpu; do
     cp "$(exe "$t" "" test --workspace --no-run $tests)" "$stage/bin/$t"
   done
 }

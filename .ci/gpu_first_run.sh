@@ -49,7 +49,7 @@ say "setup done"
 
 rust_tests() {
   export ZERO_REQUIRE_GPU=1
-  for t in kernels_gpu candle_gpu device_group engine_gpu engine_gpu_memory engine_frozen offload_gpu offload_memlock checkpoint_gpu; do
+  for t in kernels_gpu candle_gpu device_group engine_gpu engine_gpu_memory engine_frozen hf_load offload_gpu offload_memlock checkpoint_gpu; do
     echo "== $t"
     s=$(date +%s)
     [ "$(left)" -gt 10 ] || { echo "== $t: no time left"; continue; }

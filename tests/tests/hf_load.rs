@@ -2,14 +2,17 @@
 //! with or without the base prefix, mixed dtypes) loads into engines of every stage and
 //! world size with the file's values, each rank reading only the byte ranges of what it
 //! holds; a checkpoint that does not fit the model, or a damaged file on one rank, fails
-//! every rank naming the tensor and the file, and changes nothing.
+//! every rank naming the tensor and the file, and changes nothing. On a GPU (the stand-in
+//! in CI: `.ci/gpusim`), the GPU engine loads the same bits reading the same byte ranges
+//! (how `zero.Init(checkpoint=...)` and `from_pretrained` fill a CUDA engine).
 
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::collections::BTreeMap;
 use std::path::Path;
-use zero_comm::{HostComm, HostGroup};
-use zero_runtime::{Engine, HfLoadOptions, HostDevice, ModuleSpec, ParamSpec};
+use zero_comm::{Communicator, DeviceGroup, HostComm, HostGroup};
+use zero_kernels::testing::gpu_or_skip;
+use zero_runtime::{CudaDevice, Device, Engine, HfLoadOptions, HostDevice, ModuleSpec, ParamSpec};
 use zero_tests::{init_values, seed};
 
 const VOCAB: usize = 300;
@@ -115,7 +118,9 @@ fn run<R: Send>(
 }
 
 /// Every parameter, whole, as f32 (a collective in stage 3).
-fn all_params(e: &mut Engine<HostComm, HostDevice>) -> Vec<Vec<f32>> {
+fn all_params<C: Communicator, D: Device<Buffer = C::Buffer>>(
+    e: &mut Engine<C, D>,
+) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for m in 0..2 {
         e.fetch(m).unwrap();
@@ -370,4 +375,55 @@ fn a_damaged_file_on_one_rank_fails_every_rank() {
         "rank 0 hears of rank 1: {}",
         errs[0]
     );
+}
+
+#[test]
+fn the_gpu_engine_loads_the_host_engines_bits_reading_the_same_ranges() {
+    if gpu_or_skip("load_hf_checkpoint into the GPU engine").is_none() {
+        return;
+    }
+    let seed = seed("hf load gpu");
+    let tmp = tempfile::tempdir().unwrap();
+    write_checkpoint(tmp.path(), &checkpoint_values(seed, "model."));
+    let opts = HfLoadOptions {
+        strict: true,
+        prefix: Some("model".into()),
+        ignore: vec![],
+        round_to: Some(zero_kernels::DType::BF16),
+    };
+    let world = 2;
+    for stage in [1u8, 3] {
+        let cfg = config(stage, "bf16");
+        let host = run(world, &cfg, seed, |e| {
+            let (stats, left) = e.load_hf_checkpoint(tmp.path(), &opts).unwrap();
+            assert!(left.is_empty(), "stage {stage}: left {left:?}");
+            (stats.requested, all_params(e))
+        });
+        let comms = DeviceGroup::with_timeout(world, std::time::Duration::from_secs(60)).unwrap();
+        let gpu = zero_tests::run_ranks_model(
+            comms,
+            || CudaDevice::new().expect("device"),
+            &cfg,
+            seed,
+            modules,
+            |e| {
+                let (stats, left) = e.load_hf_checkpoint(tmp.path(), &opts).unwrap();
+                assert!(left.is_empty(), "stage {stage}: left {left:?}");
+                (stats.requested, all_params(e))
+            },
+        );
+        for r in 0..world {
+            assert_eq!(
+                gpu[r].0, host[r].0,
+                "stage {stage}, rank {r}: bytes asked for"
+            );
+            for (i, (g, h)) in gpu[r].1.iter().zip(&host[r].1).enumerate() {
+                let (g, h): (Vec<u32>, Vec<u32>) = (
+                    g.iter().map(|x| x.to_bits()).collect(),
+                    h.iter().map(|x| x.to_bits()).collect(),
+                );
+                assert_eq!(g, h, "stage {stage}, rank {r}, parameter {i} (seed {seed})");
+            }
+        }
+    }
 }

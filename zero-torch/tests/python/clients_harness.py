@@ -60,6 +60,7 @@ import types
 from typing import Any, Dict, List, Optional
 
 import ds_cpu_fp16  # beside this file: imported before main() points sys.path[0] at the script
+import teardown
 
 _ENGINE_MODULES = {"deepspeed.runtime.engine": "DeepSpeedEngine", "zero_torch.engine": "ZeroEngine"}
 _LOSSES: List[Dict[str, Any]] = []
@@ -250,22 +251,7 @@ def main() -> None:
         runpy.run_path(script, run_name="__main__")
     finally:
         _write(os.environ.get("ZT_CLIENT_RECORD"))
-    _exit_before_teardown()
-
-
-def _exit_before_teardown() -> None:
-    """After a script that returned: runs the ``atexit`` handlers (zero's and DeepSpeed's),
-    then ends the process without the interpreter's teardown, for both engines alike.
-    torch 2.11's gloo aborts a rank there now and then ("terminate called without an
-    active exception": its worker thread frees a finished collective's tensors after
-    finalization began and cannot take the GIL); DeepSpeed leaves torch's group to that
-    teardown, so its reference runs aborted now and then in CI, with every loss recorded."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    teardown.exit_before_teardown()
 
 
 if __name__ == "__main__":

@@ -45,3 +45,7 @@ for ids in loader:
 if accelerator.is_main_process:
     with open(os.environ["ZT_RESULT"], "w") as f:
         json.dump({"losses": losses, "engine": type(model).__module__}, f)
+
+import teardown  # noqa: E402  (the end of a launched script, as the client scripts end)
+
+teardown.exit_before_teardown()

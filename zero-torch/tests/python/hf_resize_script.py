@@ -50,3 +50,7 @@ vocab = model.module.config.vocab_size if hasattr(model, "module") else model.co
 if accelerator.is_main_process:
     with open(os.environ["ZT_RESULT"], "w") as f:
         json.dump({"losses": losses, "rng": rng, "vocab": vocab, "engine": type(model).__module__}, f)
+
+import teardown  # noqa: E402  (the end of a launched script, as the client scripts end)
+
+teardown.exit_before_teardown()

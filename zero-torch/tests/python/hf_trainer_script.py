@@ -89,3 +89,7 @@ if trainer.is_world_process_zero():
                    "grad_norms": [e["grad_norm"] for e in logs], "eval_loss": evaluated["eval_loss"],
                    "global_step": trainer.state.global_step, "engine": type(trainer.model_wrapped).__module__,
                    "loaded": held}, f)
+
+import teardown  # noqa: E402  (the end of a launched script, as the client scripts end)
+
+teardown.exit_before_teardown()

@@ -145,6 +145,8 @@ class UnitFill:
     def __init__(self, model: torch.nn.Module) -> None:
         self.owners = hf_owners(model)
         self.current: Any = None
+        self.homes: List[Any] = []
+        """The current unit's placeholders, each with the device it goes back to."""
         # Each checkpoint, with the dtype its placeholders were made in (the model's dtype
         # its values are rounded to, as transformers' own load would).
         self.checkpoints: Dict[str, Optional[torch.dtype]] = {}
@@ -187,16 +189,24 @@ class UnitFill:
         return param.param.data
 
     def _materialize(self, unit: Any) -> None:
+        # The fill runs on the CPU whatever the device (a placeholder on a GPU holds one
+        # element there): the unit's other parameters are lent as CPU copies, so its
+        # initializers neither mix devices nor overwrite them.
         lazy = [p for p in unit.params if spec_of(p.param) is not None]
-        kept = [(p, p.param.data.clone()) for p in unit.params if spec_of(p.param) is None]
+        kept = [(p, p.param.data) for p in unit.params if spec_of(p.param) is None]
         self.current = unit
+        self.homes = [(p, p.param.device) for p in lazy]
         for p in lazy:
-            p.param.data = torch.full(tuple(p.shape), float("nan"), dtype=p.param.dtype)
+            p.param.data = torch.full(tuple(p.shape), float("nan"), dtype=p.param.dtype, device="cpu")
+        for p, value in kept:
+            p.param.data = value.detach().to("cpu", copy=True)
         spec = spec_of(lazy[0].param)
         assert spec is not None
-        fill_module(unit.module, unit.name, spec, self.owners.get(id(unit.module)))
-        for p, value in kept:
-            p.param.data = value
+        try:
+            fill_module(unit.module, unit.name, spec, self.owners.get(id(unit.module)))
+        finally:
+            for p, value in kept:
+                p.param.data = value
         for p in lazy:
             if p.param.is_floating_point() and bool(torch.isnan(p.param.data).any()):
                 raise unfilled(p.name, unit.name, unit.module)
@@ -205,9 +215,9 @@ class UnitFill:
         """Drops the unit materialized last (its parameters hold poison again)."""
         if self.current is None:
             return
-        for p in self.current.params:
-            if spec_of(p.param) is not None:
-                retype(p.param, p.param.dtype)
+        for p, home in self.homes:
+            retype(p.param, p.param.dtype, home)
+        self.homes = []
         self.current = None
 
 

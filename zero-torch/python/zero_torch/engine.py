@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _hooks, _lazy_init, _native, _param_protocol
+from . import _hooks, _lazy_init, _native, _param_protocol, _placeholder
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hf import HfCheckpointMethods
@@ -61,19 +61,26 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         # As DeepSpeed 0.19.8 casts (`_cast_module_mixed_precision`): the parameters to the
         # 16-bit dtype; buffers keep theirs (rotary frequencies, BatchNorm statistics).
         lazy = [p for p in model.parameters() if _lazy_init.spec_of(p) is not None]
-        if lazy and self.device.type != "cpu":
-            raise UnsupportedError(
-                "a model built inside zero.Init without its parameters trains on the CPU engine for now: "
-                "on a GPU build it whole (zero.Init(seed=None)) or load it with from_pretrained on the CPU"
-            )
+        self._staged: Dict[int, torch.Tensor] = {}
+        """A GPU engine's initial values still on the host: the parameters of a model built
+        on the CPU, read one at a time by the engine's build at ``initialize`` (each cast to
+        the run's dtype as it is read), so neither torch nor the engine ever holds the
+        model whole on the device (issue 48, item 2). Empty once the engine is built."""
+        for p in model.parameters():
+            cast = p.is_floating_point() and p.dtype != self._dtype and self._dtype != torch.float32
+            dtype = self._dtype if cast else p.dtype
+            if _lazy_init.spec_of(p) is not None:
+                # A placeholder moves as its one poison element: never whole, on any device
+                # (model.to would copy the expanded shape). The engine fills it unit by unit.
+                _lazy_init.retype(p, dtype, self.device)
+            elif self.device.type == "cuda" and p.device.type == "cpu" and id(p) not in self._staged:
+                self._staged[id(p)] = p.data
+                p.data = _placeholder.poison(p.shape, dtype, self.device)
         model.to(device=self.device)
         if self._dtype != torch.float32:
             for p in model.parameters():
-                if p.is_floating_point() and p.dtype != self._dtype:
-                    if _lazy_init.spec_of(p) is not None:
-                        _lazy_init.retype(p, self._dtype)
-                    else:
-                        p.data = p.data.to(self._dtype)
+                if p.is_floating_point() and p.dtype != self._dtype and _lazy_init.spec_of(p) is None:
+                    p.data = p.data.to(self._dtype)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.module = model
@@ -109,8 +116,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         from . import zero
 
         zero.apply_pending(self._runtime)
-        if lazy:
-            # Built now, filling the model unit by unit: its first forward needs values.
+        if lazy or self._staged:
+            # Built now, filling the model unit by unit (placeholders) or parameter by
+            # parameter (a host model for a GPU engine): its first forward needs values.
             self._runtime.ensure_built()
         self.micro_steps = 0
         self._boundary: Optional[bool] = None
@@ -153,11 +161,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         # Initial values cross on the host (rank 0's are broadcast), whatever the device;
         # a zero.Init placeholder's come from its fill, one unit at a time.
         fill = _lazy_init.UnitFill(self.module)
-        values = [
-            [fill.source(u, p) if _lazy_init.spec_of(p.param) is not None else p.param.data.detach().cpu()
-             for p in u.params]
-            for u in order
-        ]
+        values = [[self._initial(fill, u, p) for p in u.params] for u in order]
         if self.device.type == "cuda":
             # Two allocators share the GPU: what torch's cache holds unused goes back before
             # the engine allocates its buffers (on every rank alike, so no rank retries a
@@ -170,10 +174,27 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             )
         finally:
             fill.release()
+            self._staged.clear()
         if fill.checkpoints:
             paths = dict(fill.checkpoints)
             self._runtime.after_built = lambda: self._fill_from(paths)
         return native
+
+    def _initial(self, fill: "_lazy_init.UnitFill", unit: Unit, p: Any) -> Any:
+        """What the engine's build reads for parameter ``p`` of ``unit``: a host tensor, or a
+        callable giving one when the build reaches it (a placeholder's fill, a staged host
+        value cast to the parameter's dtype, a device tensor copied off the GPU), so at
+        most one parameter (one unit, for a fill) is on the host apart from the model's own."""
+        if _lazy_init.spec_of(p.param) is not None:
+            return fill.source(unit, p)
+        host = self._staged.get(id(p.param))
+        if host is not None:
+            dtype = p.param.dtype
+            return lambda: host.detach().to(dtype)
+        data = p.param.data
+        if data.device.type != "cpu":
+            return lambda: data.detach().cpu()
+        return data.detach()
 
     def _fill_from(self, paths: Dict[str, Optional[torch.dtype]]) -> None:
         """zero.Init's checkpoints into the just-built engine (every parameter they fill

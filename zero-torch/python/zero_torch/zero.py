@@ -236,7 +236,8 @@ class Init:
 
     A parameter nothing fills is an error naming it. The model is made in the run's 16-bit
     dtype (``dtype=``, else the config's ``bf16``/``fp16``), as DeepSpeed makes it. It
-    trains on the CPU engine (a GPU run builds the model whole, for now).
+    trains on the CPU or on a GPU: there each placeholder is one element on the device, and
+    each unit is filled on the host and uploaded (its rank's part) before the next.
 
     Entering it pins glibc malloc's mmap threshold at 1 MiB (``_host_memory.pin_heap``):
     freed tensors of 1 MiB or more then leave the heap, which keeps a stage-3 run within
@@ -309,10 +310,11 @@ class DeepSpeedInit(Init):
     ``checkpoint=`` or ``param_init_fn=`` builds it without its parameters.
 
     Entered while torch's initializers are disabled (transformers' ``from_pretrained`` and
-    ``from_config`` under ZeRO-3 on the CPU), it builds the model without its parameters
-    too: transformers then writes each module's values on rank 0 inside
-    ``GatheredParameters(..., modifier_rank=0)``, and each rank keeps only its shard of
-    them (``_lazy_shards``), so a model bigger than one rank loads this way."""
+    ``from_config`` under ZeRO-3, on the CPU or on GPUs once torch's group exists), it
+    builds the model without its parameters too: transformers then writes each module's
+    values on rank 0 inside ``GatheredParameters(..., modifier_rank=0)``, and each rank
+    keeps only its shard of them (``_lazy_shards``, over gloo whatever torch's backend),
+    so a model bigger than one rank (or one GPU) loads this way."""
 
     def __init__(self, *args: Any, seed: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(*args, seed=seed, **kwargs)
@@ -342,11 +344,13 @@ def _initializers_disabled() -> bool:
 
 def _shards_stay_on_host() -> bool:
     """Whether values written before ``initialize`` can be kept as host shards: torch's
-    group is gloo (or there is none, and no GPU)."""
+    group exists (gloo, NCCL or any other: the shards cross zero's gloo host group,
+    ``_dist.host_group``), or there is none and no GPU (a world of one). Without a group
+    on a GPU machine the world size is not known yet, so the model is built whole."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return dist.get_backend() == "gloo"
+        return True
     return not torch.cuda.is_available()
 
 

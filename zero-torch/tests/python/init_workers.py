@@ -25,7 +25,7 @@ def _train(engine: Any, steps: int, gas: int, global_batch: int) -> List[float]:
     rank, world = workers.rank_world()
     losses = []
     for ids in models.batches(steps, global_batch, 3):
-        mine = models.shard(ids, rank, world)
+        mine = models.shard(ids, rank, world).to(engine.device)
         total = 0.0
         for k in range(gas):
             loss = models.loss_of(engine, models.micro(mine, k, gas))
@@ -36,14 +36,39 @@ def _train(engine: Any, steps: int, gas: int, global_batch: int) -> List[float]:
     return losses
 
 
+def _on(device: str) -> None:
+    """Where ``initialize`` puts the model: ``cpu`` or ``cuda`` (the one GPU, world size 1),
+    as a DeepSpeed script chooses it (``DS_ACCELERATOR``). On a GPU torch's peak count of
+    allocated bytes starts from zero here."""
+    import os
+
+    os.environ["DS_ACCELERATOR"] = device
+    if device == "cuda":
+        torch.use_deterministic_algorithms(True)
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _torch_peak(device: str) -> int:
+    """The most bytes torch's CUDA allocator held since :func:`_on` (0 on the CPU). zero's
+    own buffers are not torch's: what a model costs torch is the model itself."""
+    return int(torch.cuda.max_memory_allocated()) if device == "cuda" else 0
+
+
+def _host(values: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    return {n: t.cpu() for n, t in values.items()}
+
+
 def seeded(model: str, stage: int, dtype: str, gas: int, steps: int, global_batch: int, lazy: bool,
-           clip: float = 0.0, seed: int = 7) -> Dict[str, Any]:
+           clip: float = 0.0, seed: int = 7, device: str = "cpu", moved: bool = False) -> Dict[str, Any]:
     """Builds ``model`` inside ``zero.Init(seed=seed)`` (``lazy``) or whole inside
     ``zero.Init(seed=None)`` then fills it with ``zero.init_weights`` (the ordinary path),
-    trains, and returns the parameters before and after, the losses and whether any
-    parameter held values before ``initialize``."""
+    trains on ``device``, and returns the parameters before and after, the losses, whether
+    any parameter held values before ``initialize``, and torch's peak CUDA allocation
+    through ``initialize`` (``device="cuda"``). ``moved``: the whole model is put on the
+    GPU by the script (``model.cuda()``) before ``initialize``."""
     import zero_torch
 
+    _on(device)
     cfg = workers.config(stage, dtype, gas, global_batch, clip=clip)
     with zero_torch.zero.Init(config_dict_or_path=cfg, seed=seed if lazy else None):
         m = _model(model)
@@ -51,11 +76,15 @@ def seeded(model: str, stage: int, dtype: str, gas: int, steps: int, global_batc
     held = sum(p.untyped_storage().nbytes() for p in m.parameters())
     if not lazy:
         zero_torch.zero.init_weights(m, seed=seed)
+    if moved:
+        m.to(device)
     engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
-    start = workers.gathered(engine)
+    peak = _torch_peak(device)
+    start = _host(workers.gathered(engine))
     losses = _train(engine, steps, gas, global_batch)
-    return {"start": start, "params": workers.gathered(engine), "losses": losses,
-            "placeholders": placeholders, "held_before": held}
+    return {"start": start, "params": _host(workers.gathered(engine)), "losses": losses,
+            "placeholders": placeholders, "held_before": held, "torch_peak_at_initialize": peak,
+            "device": str(engine.device)}
 
 
 def unfilled() -> Dict[str, Any]:
@@ -81,18 +110,19 @@ def unfilled() -> Dict[str, Any]:
 def pretrained(path: str, stage: int, dtype: str, steps: int = 2, model_class: Optional[str] = None,
                paths: Optional[Dict[str, str]] = None, gas: int = 1, clip: float = 0.0,
                global_batch: Optional[int] = None, ordinary: bool = False,
-               torch_dtype: Optional[str] = None) -> Dict[str, Any]:
+               torch_dtype: Optional[str] = None, device: str = "cpu") -> Dict[str, Any]:
     """``from_pretrained`` then ``initialize``: the parameters, logits on a fixed batch, the
     load report, the bytes the parameters held before ``initialize``, and the losses of
     ``steps`` steps of ``gas`` micro-steps (``global_batch``, default ``2 * world * gas``),
     clipped at ``clip``. ``ordinary``: the reference path instead, transformers'
     ``from_pretrained`` of the same folder (the whole model, float32 unless
     ``torch_dtype``), then ``initialize``. ``torch_dtype`` (a torch dtype's name) is passed
-    on to either ``from_pretrained``."""
+    on to either ``from_pretrained``. ``device``: as :func:`seeded`'s."""
     import transformers
 
     import zero_torch
 
+    _on(device)
     rank, world = workers.rank_world()
     global_batch = global_batch or 2 * world * gas
     cfg = workers.config(stage, dtype, gas, global_batch, clip=clip)
@@ -110,13 +140,15 @@ def pretrained(path: str, stage: int, dtype: str, steps: int = 2, model_class: O
         engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "exception": type(e).__name__, "at": "initialize"}
-    params = workers.gathered(engine)
-    ids = models.batches(1, 2, 3)[0]
+    peak = _torch_peak(device)
+    params = _host(workers.gathered(engine))
+    ids = models.batches(1, 2, 3)[0].to(engine.device)
     with torch.no_grad():
-        logits = engine(input_ids=ids).logits.float()
+        logits = engine(input_ids=ids).logits.float().cpu()
     losses = _train(engine, steps, gas, global_batch)
     return {"params": params, "logits": logits, "report": engine.load_report(), "held_before": held,
-            "training": training, "losses": losses, "trained": workers.gathered(engine), **built}
+            "training": training, "losses": losses, "trained": _host(workers.gathered(engine)),
+            "torch_peak_at_initialize": peak, "device": str(engine.device), **built}
 
 
 def save_hf(path: str, stage: int, dtype: str, steps: int = 2, save_dtype: Optional[str] = None,
@@ -168,7 +200,7 @@ def modify_gathered(stage: int) -> Dict[str, Any]:
     return {"params": workers.gathered(engine), "losses": losses}
 
 
-def written(stage: int, mode: str = "load") -> Dict[str, Any]:
+def written(stage: int, mode: str = "load", device: str = "cpu") -> Dict[str, Any]:
     """transformers' loading under ZeRO-3, by hand: the model built inside
     ``deepspeed.zero.Init`` (zero's :class:`DeepSpeedInit`) while torch's initializers are
     off (``no_init_weights``), then every module's values written by rank 0 inside
@@ -176,18 +208,23 @@ def written(stage: int, mode: str = "load") -> Dict[str, Any]:
     any engine exists. ``mode``: ``load`` (all written, then trained), ``partial``
     (``model.norm.weight`` never written), ``raise`` (rank 0's block for ``model.norm``
     raises), ``ordinary`` (the whole seeded model, then
-    ``initialize``: the reference)."""
+    ``initialize``: the reference). ``device="cuda"``: on the one GPU, torch's group NCCL
+    (the shards still cross gloo), with torch's peak CUDA allocation through
+    ``initialize``."""
     import zero_torch
     from transformers.initialization import no_init_weights
 
+    _on(device)
     rank, world = workers.rank_world()
     cfg = workers.config(stage, "fp32", 1, 2 * world)
     torch.manual_seed(0)
     source = _model("llama")
     if mode == "ordinary":
         engine, _, _, _ = zero_torch.initialize(model=source, config=cfg)
-        return {"params": workers.gathered(engine), "losses": _train(engine, 2, 1, 2 * world)}
-    zero_torch.comm.init_distributed("gloo")
+        peak = _torch_peak(device)
+        return {"params": _host(workers.gathered(engine)), "losses": _train(engine, 2, 1, 2 * world),
+                "torch_peak_at_initialize": peak}
+    zero_torch.comm.init_distributed("nccl" if device == "cuda" else "gloo")
     with no_init_weights(), zero_torch.zero.DeepSpeedInit(config_dict_or_path=cfg):
         m = _model("llama")
     values = dict(source.named_parameters())
@@ -213,8 +250,10 @@ def written(stage: int, mode: str = "load") -> Dict[str, Any]:
     with zero_torch.zero.GatheredParameters([q]):
         read = q.detach().clone()
     engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
-    return {"params": workers.gathered(engine), "losses": _train(engine, 2, 1, 2 * world), "held": held,
-            "read_equal": bool(torch.equal(read, values["model.layers.0.self_attn.q_proj.weight"]))}
+    peak = _torch_peak(device)
+    return {"params": _host(workers.gathered(engine)), "losses": _train(engine, 2, 1, 2 * world), "held": held,
+            "read_equal": bool(torch.equal(read, values["model.layers.0.self_attn.q_proj.weight"])),
+            "torch_peak_at_initialize": peak, "device": str(engine.device)}
 
 
 def heap_after_initialize(inside_init: bool) -> Dict[str, Any]:

@@ -88,6 +88,8 @@ def run(backend: str, stage: int, work: str) -> Dict[str, Any]:
 
     hf = HfDeepSpeedConfig(dict(config, zero_optimization=dict(config["zero_optimization"], stage=3)))
     loaded = AutoModelForCausalLM.from_pretrained(os.path.join(work, "hf"))
+    # Built without its values whatever the backend: each rank kept its shard of rank 0's.
+    out["loaded_placeholders"] = all(getattr(p, "_zero_lazy", None) is not None for p in loaded.parameters())
     engine2, _, _, _ = deepspeed.initialize(model=loaded, config=dict(config, zero_optimization=dict(
         config["zero_optimization"], stage=3)), model_parameters=loaded.parameters())
     out["loaded"] = _whole(deepspeed, loaded)

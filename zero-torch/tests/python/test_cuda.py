@@ -291,3 +291,65 @@ def test_a_gpu_parameter_outlives_its_engine(stage: int) -> None:
     r = one_rank("one_copy_workers.outlives_engine", stage=stage, device="cuda")
     assert not r["engine_alive"], "the engine was freed"
     assert r["equal"] and r["numel"] > 0
+
+
+def _same(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys(), what
+    for n in a:
+        assert torch.equal(a[n], b[n]), f"{what}: {n} differs"
+
+
+@needs_gpu
+@pytest.mark.parametrize("stage", [0, 3])
+def test_zero_init_and_a_host_model_build_the_gpu_engine_at_initialize(stage: int) -> None:
+    """A Llama built inside ``zero.Init``, or whole on the CPU, for a GPU engine (issue 48,
+    items 1 and 2): the engine is built at ``initialize`` on the GPU, a placeholder one
+    element there and each unit filled on the host (a host model: each parameter read)
+    and uploaded before the next, so torch's allocator never holds the model, before or
+    during the first step. The script's ``model.cuda()`` first is the reference: it holds
+    the model whole (the measure sees a model). All three train to the same bits."""
+    args = {"model": "llama", "stage": stage, "dtype": "bf16", "gas": 1, "steps": 3, "global_batch": BATCH,
+            "device": "cuda"}
+    lazy = one_rank("init_workers.seeded", **args, lazy=True)
+    host = one_rank("init_workers.seeded", **args, lazy=False)
+    moved = one_rank("init_workers.seeded", **args, lazy=False, moved=True)
+    model_bytes = sum(t.numel() * 2 for t in moved["start"].values())
+    peaks = {k: r["torch_peak_at_initialize"] for k, r in (("zero.Init", lazy), ("host", host), ("moved", moved))}
+    print(f"cuda stage {stage}: torch's peak through initialize {peaks} B (model {model_bytes} B in bf16)")
+    assert {lazy["device"], host["device"], moved["device"]} == {"cuda:0"}
+    assert lazy["placeholders"] and not host["placeholders"]
+    assert peaks["moved"] >= model_bytes, "the measure cannot see a model"
+    assert peaks["zero.Init"] < model_bytes // 8 and peaks["host"] < model_bytes // 8, peaks
+    for r, what in ((lazy, "zero.Init"), (host, "host model")):
+        _same(r["start"], moved["start"], f"{what}: initial values")
+        assert r["losses"] == moved["losses"], (what, r["losses"], moved["losses"])
+        _same(r["params"], moved["params"], f"{what}: trained values")
+
+
+@needs_gpu
+def test_from_pretrained_and_transformers_zero3_loading_on_the_gpu(tmp_path: Any) -> None:
+    """``zero_torch.from_pretrained`` and transformers' ZeRO-3 loading (built inside the
+    compat ``deepspeed.zero.Init`` with torch's initializers off, rank 0 writing inside
+    ``GatheredParameters``, torch's group NCCL) train on the GPU engine at stage 3 to the
+    bits of transformers' whole model, with torch's allocator never holding the model."""
+    folder = tmp_path / "llama"
+    models.build("llama", 11).save_pretrained(folder, max_shard_size="40KB")
+    args = {"path": str(folder), "stage": 3, "dtype": "bf16", "steps": 3, "device": "cuda"}
+    got = one_rank("init_workers.pretrained", **args)
+    want = one_rank("init_workers.pretrained", **args, ordinary=True)
+    model_bytes = sum(t.numel() * 2 for t in want["params"].values())
+    assert got["device"] == "cuda:0" and got["report"] is not None, (got["device"], got["report"])
+    assert max(got["torch_peak_at_initialize"], want["torch_peak_at_initialize"]) < model_bytes // 8, (
+        got["torch_peak_at_initialize"], want["torch_peak_at_initialize"])
+    _same(got["params"], want["params"], "from_pretrained, initial values")
+    assert torch.equal(got["logits"], want["logits"])
+    assert got["losses"] == want["losses"], (got["losses"], want["losses"])
+    _same(got["trained"], want["trained"], "from_pretrained, trained values")
+
+    loaded = one_rank("init_workers.written", stage=3, device="cuda")
+    ordinary = one_rank("init_workers.written", stage=3, mode="ordinary", device="cuda")
+    assert loaded["device"] == "cuda:0" and loaded["read_equal"]
+    assert loaded["held"]["storage_bytes"] <= 4 * loaded["held"]["params"], loaded["held"]
+    assert loaded["torch_peak_at_initialize"] < model_bytes // 8, loaded["torch_peak_at_initialize"]
+    assert loaded["losses"] == ordinary["losses"], (loaded["losses"], ordinary["losses"])
+    _same(loaded["params"], ordinary["params"], "transformers' ZeRO-3 loading, trained values")

@@ -195,6 +195,33 @@ pub fn borrow_stream(
 /// buffers, and PyTorch's only under its `cudaMallocAsync` allocator backend. Open the
 /// driver with [`library`] first.
 pub fn default_pool_used(device: cudarc::driver::sys::CUdevice) -> Result<u64, String> {
+    use cudarc::driver::sys::CUmemPool_attribute as A;
+    default_pool_attribute(
+        device,
+        A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        "the bytes in use",
+    )
+}
+
+/// The most bytes ever in use at once in `device`'s default memory pool
+/// (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`, since the process began: the driver resets it only
+/// to the current use): what a test reads to bound a run's peak device memory. The same
+/// users as [`default_pool_used`].
+pub fn default_pool_peak(device: cudarc::driver::sys::CUdevice) -> Result<u64, String> {
+    use cudarc::driver::sys::CUmemPool_attribute as A;
+    default_pool_attribute(
+        device,
+        A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        "the peak bytes in use",
+    )
+}
+
+/// One 64-bit attribute of `device`'s default memory pool.
+fn default_pool_attribute(
+    device: cudarc::driver::sys::CUdevice,
+    attribute: cudarc::driver::sys::CUmemPool_attribute,
+    what: &str,
+) -> Result<u64, String> {
     use cudarc::driver::sys;
     library().map_err(|e| e.to_string())?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -206,21 +233,16 @@ pub fn default_pool_used(device: cudarc::driver::sys::CUdevice) -> Result<u64, S
             "reading device {device}'s default memory pool: {rc:?}"
         ));
     }
-    let mut used: u64 = 0;
-    // SAFETY: CU_MEMPOOL_ATTR_USED_MEM_CURRENT writes one cuuint64_t to `value`, here a
-    // live u64; the pool handle is the device's default pool, which lives as long as the
-    // device's context.
-    let rc = unsafe {
-        sys::cuMemPoolGetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-            (&mut used as *mut u64).cast(),
-        )
-    };
+    let mut value: u64 = 0;
+    // SAFETY: the USED_MEM_CURRENT and USED_MEM_HIGH attributes (the only ones callers
+    // pass) write one cuuint64_t to `value`, here a live u64; the pool handle is the
+    // device's default pool, which lives as long as the device's context.
+    let rc =
+        unsafe { sys::cuMemPoolGetAttribute(pool, attribute, (&mut value as *mut u64).cast()) };
     if rc != sys::cudaError_enum::CUDA_SUCCESS {
         return Err(format!(
-            "reading the bytes in use in device {device}'s default memory pool: {rc:?}"
+            "reading {what} in device {device}'s default memory pool: {rc:?}"
         ));
     }
-    Ok(used)
+    Ok(value)
 }

@@ -178,6 +178,19 @@ impl Gpu {
         })
     }
 
+    /// The most bytes ever in use at once in this device's default memory pool
+    /// (`zero_sys::driver::default_pool_peak`; the same users as [`Gpu::pool_used_bytes`]),
+    /// read after the device ran the work queued so far.
+    pub fn pool_peak_bytes(&self) -> Result<u64, GpuError> {
+        self.ctx.synchronize().map_err(driver("synchronize"))?;
+        zero_sys::driver::default_pool_peak(self.ctx.cu_device()).map_err(|message| {
+            GpuError::Driver {
+                context: "memory pool",
+                message,
+            }
+        })
+    }
+
     /// The device's name, for reports.
     pub fn name(&self) -> String {
         self.ctx

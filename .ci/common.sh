@@ -11,7 +11,7 @@ export CARGO_INCREMENTAL=0
 # lightning-utilities it was tested with) for the client suite's Lightning case: one
 # folder, target/py-torch.
 TORCH_SITE="$PWD/target/py-torch"
-TORCH_PKGS="torch==2.11.0 transformers==5.23.0 deepspeed==0.19.8 accelerate==1.15.0 ninja==1.13.0 numpy==2.2.6 pytest==8.4.2 maturin==1.16.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-utilities==0.15.3 torchmetrics==1.9.0"
+TORCH_PKGS="torch==2.11.0 transformers==5.23.0 deepspeed==0.19.8 accelerate==1.15.0 ninja==1.13.0 numpy==2.2.6 pytest==8.4.2 maturin==1.16.0 lightning==2.6.6 pytorch-lightning==2.6.6 lightning-utilities==0.15.3 torchmetrics==1.9.0 peft==0.21.2"
 
 # Installs $TORCH_PKGS into $TORCH_SITE unless it holds them (three tries).
 install_torch() {

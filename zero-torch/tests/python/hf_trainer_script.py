@@ -7,7 +7,9 @@ trained model's logits on a fixed batch (``logits.pt``).
 
 Variables: ``ZT_STAGE``, ``ZT_CASE`` (A: optimizer and scheduler in the config; B: the
 Trainer's optimizer; C: the Trainer's scheduler; D: both the Trainer's; E: as A, by epochs
-with a short last accumulation window; O: as A, with ``offload_optimizer: cpu``), ``ZT_MODEL_DIR``, ``ZT_OUT_DIR``, ``ZT_RESUME``
+with a short last accumulation window; O: as A, with ``offload_optimizer: cpu``; L: as A, the
+model wrapped in ``peft``'s LoRA (rank 4 on ``q_proj`` and ``v_proj``: a frozen base, which
+stage 3 partitions), saved as ``peft`` saves an adapter), ``ZT_MODEL_DIR``, ``ZT_OUT_DIR``, ``ZT_RESUME``
 (a ``checkpoint-N`` folder to resume from), ``ZT_RESULT`` (the JSON file)."""
 
 import os
@@ -53,6 +55,11 @@ held = {"numel": sum(p.numel() for p in loaded),
         "storage_bytes": sum(p.untyped_storage().nbytes() for p in loaded),
         "shard_numel": sum(getattr(p, "_zero_shard", torch.empty(0)).numel() for p in loaded),
         "params": len(loaded), "itemsize": loaded[0].element_size()}
+if case == "L":
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)  # the adapter's initial values, the same whatever the loading drew
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
 
 
 class Tokens(torch.utils.data.Dataset):

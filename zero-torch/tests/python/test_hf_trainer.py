@@ -119,14 +119,15 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= TOLERANCE * max(abs(a), abs(b))
 
 
-@pytest.mark.parametrize("model,case", [("gpt2", c) for c in "ABCDEO"] + [("llama", "A")])
+@pytest.mark.parametrize("model,case", [("gpt2", c) for c in "ABCDEO"] + [("llama", "A"), ("llama", "L")])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_trainer_on_zero_logs_deepspeeds_losses(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                                                     stage: int, model: str, case: str) -> None:
     root = tmp_path_factory.getbasetemp()
     folder = request.getfixturevalue(f"{model}_dir" if model == "llama" else "model_dir")
     want = reference(folder, root, case)
-    got = torchrun(folder, tmp_path_factory.mktemp(f"zero-{stage}-{model}-{case}"), stage, case, compat=True)
+    out = tmp_path_factory.mktemp(f"zero-{stage}-{model}-{case}")
+    got = torchrun(folder, out, stage, case, compat=True)
     assert want["engine"].startswith("deepspeed") and got["engine"].startswith("zero_torch"), (want["engine"], got["engine"])
     assert got["steps"] == want["steps"] and got["global_step"] == want["global_step"], (got, want)
     for step, a, b in zip(got["steps"], got["losses"], want["losses"]):
@@ -142,6 +143,18 @@ def test_the_trainer_on_zero_logs_deepspeeds_losses(request: pytest.FixtureReque
         assert held["numel"] / 2 <= held["shard_numel"] <= held["numel"] / 2 + held["params"], held
     else:
         assert held["storage_bytes"] == held["itemsize"] * held["numel"] and held["shard_numel"] == 0, held
+    if case == "L":
+        # save_model writes the adapter as peft saves it (every rank's LoRA weights gathered
+        # at stage 3, the frozen base left out), with DeepSpeed's values.
+        from safetensors.torch import load_file
+
+        mine = load_file(str(out / "final" / "adapter_model.safetensors"))
+        theirs = load_file(str(root / f"deepspeed-{SCRIPT.stem}-{folder.name}-{case}" / "final" / "adapter_model.safetensors"))
+        assert mine.keys() == theirs.keys() and mine, (sorted(mine), sorted(theirs))
+        assert all("lora_" in k for k in mine), sorted(mine)
+        assert all(t.abs().max() > 0 for k, t in mine.items() if "lora_B" in k), "the adapter did not train (B starts at 0)"
+        for k, t in theirs.items():
+            assert mine[k].shape == t.shape and torch.allclose(mine[k], t, rtol=1e-4, atol=1e-6), k
     print(f"{model} stage {stage} case {case}: {len(got['losses'])} logged losses and the eval loss match DeepSpeed's")
 
 

@@ -47,6 +47,13 @@ fn the_memory_report_matches_the_gpus_allocator() {
             );
             let r = &reports[0];
             let used = r.allocator_used.expect("the CUDA device reads its pool") as u64;
+            let peak = r
+                .allocator_peak
+                .expect("the CUDA device reads its pool's peak") as u64;
+            assert!(
+                peak >= used,
+                "the pool's peak {peak} is below its use {used}"
+            );
             let held = used.saturating_sub(before);
             let reported = r.device_total() as u64;
             let what = format!("stage {stage} {precision} accumulation {accum}");

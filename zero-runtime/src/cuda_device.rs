@@ -56,6 +56,11 @@ impl Device for CudaDevice {
         usize::try_from(used).ok()
     }
 
+    fn allocator_peak(&self) -> Option<usize> {
+        let peak = self.stream.gpu().pool_peak_bytes().ok()?;
+        usize::try_from(peak).ok()
+    }
+
     fn dtype(&self, b: &GpuBuffer) -> DType {
         b.dtype()
     }

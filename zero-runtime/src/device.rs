@@ -75,6 +75,12 @@ pub trait Device: Send {
     fn allocator_used(&self) -> Option<usize> {
         None
     }
+    /// The most bytes the device's allocator ever counted in use at once by this process
+    /// (CUDA: the default memory pool's high-water mark); `None` on the host, or where the
+    /// figure cannot be read. A run's peak device memory, for benchmarks and budgets.
+    fn allocator_peak(&self) -> Option<usize> {
+        None
+    }
     /// Element type.
     fn dtype(&self, b: &Self::Buffer) -> DType;
     /// Changes the length, zero-filling new elements (keeps the allocation when shrinking).

@@ -97,6 +97,9 @@ pub struct MemoryReport {
     /// host). With one engine it should match [`device_total`](Self::device_total): the
     /// report's check.
     pub allocator_used: Option<usize>,
+    /// The most [`allocator_used`](Self::allocator_used) ever was in this process (CUDA:
+    /// the default pool's high-water mark; `None` on the host): a run's peak.
+    pub allocator_peak: Option<usize>,
 }
 
 impl MemoryReport {
@@ -267,6 +270,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.frozen += size(&self.frozen);
         r.comm = self.comm.held_bytes();
         r.allocator_used = self.dev.allocator_used();
+        r.allocator_peak = self.dev.allocator_peak();
         if let Some(off) = &self.offload {
             off.report(&mut r.host, &mut r.nvme);
         }

@@ -47,6 +47,7 @@ class MemoryReport(TypedDict):
     padded_numel: int
     device_total: int
     allocator_used: int
+    allocator_peak: int
 
 class CommReport(TypedDict):
     """Elements this rank sent in the last step, by purpose, and the theory's count."""

@@ -452,7 +452,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         device categories, and ``allocator_used`` is what the CUDA driver counts in use in
         the device's default memory pool, which every zero buffer draws from (read after
         the device's queued work ran; 0 on the CPU): with one engine in the process the
-        two agree, which ``test_cuda.py`` checks."""
+        two agree, which ``test_cuda.py`` checks. ``allocator_peak`` is the most that pool
+        ever held at once in this process (the driver's high-water mark; 0 on the CPU): a
+        run's peak of zero's device memory, beside torch's
+        ``torch.cuda.max_memory_allocated``."""
         r = dict(self._native.memory_report())
         r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
         on_gpu = self.device.type == "cuda"

@@ -210,3 +210,42 @@ fn sub_group_size_changes_nothing() {
         compare(&format!("sub_group_size {sub}"), &want, &got);
     }
 }
+
+/// NVMe `offload_param` reads the trace's next parameter blocks ahead (into
+/// `buffer_count - 1` spare buffers) once the first pass recorded the order: later passes
+/// open blocks from a read ahead, with the same bits; `buffer_count: 1` leaves no
+/// spare buffer, so every block is read when opened, again with the same bits.
+#[test]
+fn nvme_param_blocks_are_read_ahead_of_their_gathers() {
+    let seed = seed("offload_param_read_ahead");
+    let nvme = tempfile::Builder::new()
+        .prefix("zero-offload-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary folder");
+    let base = mlp_config(3, "bf16", 1, 0.0, false);
+    let want = train(&base, seed, 1, None);
+    let data = dataset(seed, STEPS * WORLD * 2);
+    for buffers in [5u64, 1] {
+        let tier = serde_json::json!({"device": "nvme", "nvme_path": nvme.path(), "buffer_count": buffers});
+        let cfg = with_offload(&base, "offload_param", &tier, None);
+        let got = train(&cfg, seed, 1, None);
+        compare(&format!("buffer_count {buffers}"), &want, &got);
+        let reads = run_ranks(WORLD, &cfg, seed, |e| {
+            for s in 0..STEPS {
+                train_step(e, &data, s, None).expect("step");
+            }
+            e.param_block_reads().expect("an NVMe tier")
+        });
+        for (r, (ahead, waited)) in reads.iter().enumerate() {
+            println!("buffer_count {buffers}, rank {r}: {ahead} blocks opened from a read ahead, {waited} read when opened");
+            if buffers == 1 {
+                assert_eq!(*ahead, 0, "rank {r}: no spare buffer, no read ahead");
+            } else {
+                assert!(
+                    *ahead > 0,
+                    "rank {r}: no block read ahead ({waited} waited for)"
+                );
+            }
+        }
+    }
+}

@@ -206,17 +206,38 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.cfg.zero.prefetch_bucket_size,
             self.cfg.zero.max_live_parameters,
         );
-        // The window is the next `budget` elements of the trace, counting buckets already
-        // gathered or in flight (each once): otherwise every fetch would reach a budget
-        // further, and a pass would end with the whole model gathered.
-        let mut ahead = 0u64;
-        let mut seen = Vec::new();
         let upcoming: Vec<usize> = self.trace.modules
             [self.trace.pos.min(self.trace.modules.len())..]
             .iter()
             .flat_map(|&m| self.plan.fetch_buckets[m].iter().copied())
             .collect();
-        for b in upcoming {
+        self.gather_window(&upcoming, budget, max_live)?;
+        // Past the window, NVMe's parameter blocks are read ahead in the trace's order.
+        if let Some(tier) = self.param_tier.as_mut() {
+            let buckets = &self.buckets;
+            tier.read_ahead(
+                upcoming
+                    .iter()
+                    .copied()
+                    .filter(|&b| buckets[b].gathered.is_none() && buckets[b].gathering.is_none()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Issues the gathers of `upcoming`'s first `budget` elements, never past `max_live`
+    /// gathered. The window counts buckets already gathered or in flight (each once):
+    /// otherwise every fetch would reach a budget further, and a pass would end with the
+    /// whole model gathered.
+    fn gather_window(
+        &mut self,
+        upcoming: &[usize],
+        budget: u64,
+        max_live: u64,
+    ) -> Result<(), EngineError> {
+        let mut ahead = 0u64;
+        let mut seen = Vec::new();
+        for &b in upcoming {
             if ahead >= budget {
                 break;
             }

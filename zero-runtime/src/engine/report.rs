@@ -232,6 +232,17 @@ impl Clock {
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// With `offload_param` on NVMe: how many parameter blocks were opened from a read
+    /// ahead (stage 3's prefetch reads the trace's next blocks into spare buffers) and how
+    /// many were read when opened, `(ahead, waited)`; `None` without an NVMe tier.
+    pub fn param_block_reads(&self) -> Option<(u64, u64)> {
+        let tier = self.param_tier.as_ref()?;
+        tier.is_nvme().then(|| {
+            let r = tier.block_reads();
+            (r.ahead, r.waited)
+        })
+    }
+
     /// This rank's bytes by category, beside the paper's formula for the stage.
     ///
     /// Formula, with `p` bytes per parameter (2 for fp16/bf16, 4 for fp32) and `N` ranks:

@@ -6,13 +6,20 @@
 //! On NVMe each partition is one aligned block of `nvme_path/zero/rank{r}/params.swp`; one
 //! bucket's block at a time is open in host memory (read on first use, written back when
 //! another bucket opens or at [`ParamTier::flush`]), so the step, which updates the
-//! buckets in order, reads and writes each block once.
+//! buckets in order, reads and writes each block once. Blocks the forward and backward
+//! will gather next are read ahead ([`ParamTier::read_ahead`], called by stage 3's
+//! prefetch with the trace's next buckets) into `offload_param.buffer_count - 1` spare
+//! buffers, so opening them waits for nothing (DeepSpeed's parameter swapper prefetches
+//! with the same buffers). A block is never read ahead while it is open, so no read ahead
+//! can miss a write: a block is written only when it closes, and its reads ahead were all
+//! taken when it opened.
 
 use super::HostArena;
 use crate::config::{AioConfig, OffloadDevice, OffloadParamConfig};
 use crate::device::{Device, HostDevice};
-use crate::io::{check_direct, AlignedBuf, SwapFile, ALIGN};
+use crate::io::{check_direct, AlignedBuf, SwapFile, Ticket, ALIGN};
 use crate::EngineError;
+use std::collections::VecDeque;
 use zero_comm::HostBuffer;
 use zero_kernels::DType;
 
@@ -26,14 +33,27 @@ fn io(e: crate::io::IoError) -> EngineError {
 enum Store {
     /// Per bucket: its owned partition, for the buckets the tier holds.
     Host(Vec<Option<HostBuffer>>),
-    /// The swap file, each held bucket's block (offset, bytes), and the open block.
+    /// The swap file, each held bucket's block (offset, bytes), the open block, the blocks
+    /// read ahead and the idle buffers to read ahead into.
     Nvme {
         file: SwapFile,
         blocks: Vec<Option<(u64, usize)>>,
         open: Option<Open>,
         io: AlignedBuf,
         host: HostBuffer,
+        ahead: VecDeque<(usize, Ticket)>,
+        spare: Vec<AlignedBuf>,
     },
+}
+
+/// How the NVMe blocks were opened: read ahead (the read was in flight or done) or read
+/// when asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockReads {
+    /// Blocks opened from a read ahead.
+    pub ahead: u64,
+    /// Blocks read when opened.
+    pub waited: u64,
 }
 
 /// The NVMe block in host memory.
@@ -51,6 +71,7 @@ pub(crate) struct ParamTier {
     dtype: DType,
     parts: Vec<Option<usize>>,
     arena: HostArena,
+    reads: BlockReads,
 }
 
 impl ParamTier {
@@ -125,12 +146,18 @@ impl ParamTier {
                     let t = file.write(io_buf, at, bytes).map_err(io)?;
                     io_buf = file.wait(t).map_err(io)?;
                 }
+                let mut spare = Vec::new();
+                for _ in 1..cfg.buffer_count {
+                    spare.push(arena.aligned(largest_block, "the parameter read-ahead buffers")?);
+                }
                 Store::Nvme {
                     file,
                     blocks,
                     open: None,
                     io: io_buf,
                     host: arena.buffer(dtype, largest, "the open parameter block")?,
+                    ahead: VecDeque::new(),
+                    spare,
                 }
             }
         };
@@ -139,6 +166,7 @@ impl ParamTier {
             dtype,
             parts,
             arena,
+            reads: BlockReads::default(),
         })
     }
 
@@ -191,7 +219,55 @@ impl ParamTier {
         HostDevice.download_f32_into(src, range, out)
     }
 
-    /// On NVMe, makes bucket `b`'s block the open one.
+    /// On NVMe, starts reading the blocks of `buckets` (in the order they will be
+    /// opened) into the idle read-ahead buffers, skipping the open block, blocks already
+    /// read ahead and buckets the tier does not hold; stops when no buffer is idle. Does
+    /// nothing in host memory.
+    pub fn read_ahead(
+        &mut self,
+        buckets: impl IntoIterator<Item = usize>,
+    ) -> Result<(), EngineError> {
+        let Store::Nvme {
+            file,
+            blocks,
+            open,
+            ahead,
+            spare,
+            ..
+        } = &mut self.store
+        else {
+            return Ok(());
+        };
+        for b in buckets {
+            if spare.is_empty() {
+                break;
+            }
+            let Some((at, bytes)) = blocks.get(b).copied().flatten() else {
+                continue;
+            };
+            if open.as_ref().is_some_and(|o| o.bucket == b) || ahead.iter().any(|(x, _)| *x == b) {
+                continue;
+            }
+            let buf = spare
+                .pop()
+                .ok_or_else(|| EngineError::Internal("no idle buffer".into()))?;
+            ahead.push_back((b, file.read(buf, at, bytes).map_err(io)?));
+        }
+        Ok(())
+    }
+
+    /// Whether the partitions live on NVMe.
+    pub fn is_nvme(&self) -> bool {
+        matches!(self.store, Store::Nvme { .. })
+    }
+
+    /// How the NVMe blocks were opened so far (zeros in host memory).
+    pub fn block_reads(&self) -> BlockReads {
+        self.reads
+    }
+
+    /// On NVMe, makes bucket `b`'s block the open one: from its read ahead if there is
+    /// one, else read now.
     fn open(&mut self, b: usize, write: bool) -> Result<(), EngineError> {
         if !self.holds(b) {
             return Err(not_held(b));
@@ -210,17 +286,30 @@ impl ParamTier {
             open,
             io: buf,
             host,
+            ahead,
+            spare,
         } = &mut self.store
         else {
             return Ok(());
         };
-        let (at, bytes) = blocks[b].ok_or_else(|| not_held(b))?;
-        let t = file
-            .read(std::mem::replace(buf, AlignedBuf::empty()), at, bytes)
-            .map_err(io)?;
-        *buf = file.wait(t).map_err(io)?;
-        let n = self.parts[b].unwrap_or(0);
-        copy_bytes(&buf.as_slice()[..n * self.dtype.size_of()], host)?;
+        let n = self.parts[b].unwrap_or(0) * self.dtype.size_of();
+        if let Some(i) = ahead.iter().position(|(x, _)| *x == b) {
+            let (_, t) = ahead
+                .remove(i)
+                .ok_or_else(|| EngineError::Internal("read ahead".into()))?;
+            let read = file.wait(t).map_err(io)?;
+            copy_bytes(&read.as_slice()[..n], host)?;
+            spare.push(read);
+            self.reads.ahead += 1;
+        } else {
+            let (at, bytes) = blocks[b].ok_or_else(|| not_held(b))?;
+            let t = file
+                .read(std::mem::replace(buf, AlignedBuf::empty()), at, bytes)
+                .map_err(io)?;
+            *buf = file.wait(t).map_err(io)?;
+            copy_bytes(&buf.as_slice()[..n], host)?;
+            self.reads.waited += 1;
+        }
         *open = Some(Open {
             bucket: b,
             dirty: write,
@@ -236,6 +325,7 @@ impl ParamTier {
             open,
             io: buf,
             host,
+            ..
         } = &mut self.store
         else {
             return Ok(());

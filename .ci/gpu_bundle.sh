@@ -3,10 +3,23 @@
 # .device-bin/bundle.tar.xz (git-ignored; the `device` tool carries it, 64 MiB at most):
 # the GPU test binaries (test profile, as CI), the GPU benches, the training example and
 # the zero_torch wheel, stripped. The wheel is taken from ZERO_TORCH_WHEEL, else built.
+# Beside them, in ds-wheels/, DeepSpeed 0.19.8 (built here from its sdist, as CI builds it)
+# and the wheels it needs that a machine with PyTorch and transformers may lack (for
+# CPython 3.10-3.13), installed there apart from zero_torch for
+# zero-torch/benches/bench_gpu_vs_deepspeed.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=$(mktemp -d)
-mkdir -p "$stage/bin" "$stage/wheel" .device-bin
+mkdir -p "$stage/bin" "$stage/wheel" "$stage/ds-wheels" .device-bin
+DS_WHEELS="einops hjson msgpack py-cpuinfo pydantic pydantic-core annotated-types typing-inspection typing-extensions psutil"
+DS_BUILD_OPS=0 PYTHONPATH="$PWD/target/py-torch" python3 -m pip wheel --quiet --disable-pip-version-check \
+  --no-deps --no-build-isolation -w "$stage/ds-wheels" deepspeed==0.19.8
+for v in 3.10 3.11 3.12 3.13; do
+  # shellcheck disable=SC2086
+  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --python-version "$v" \
+    --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --no-deps \
+    -d "$stage/ds-wheels" $DS_WHEELS
+done
 
 exe() { # exe TARGET-NAME MANIFEST-DIR CARGO-ARGS...: the executable cargo built for it
   local name=$1 dir=$2
@@ -42,7 +55,7 @@ if [ -n "${ZERO_TORCH_WHEEL:-}" ]; then
 else
   target/py-torch/bin/maturin build --release --quiet -m zero-torch/Cargo.toml --out "$stage/wheel"
 fi
-ls -la "$stage"/bin "$stage"/wheel
-tar -cJf .device-bin/bundle.tar.xz -C "$stage" bin wheel
+ls -la "$stage"/bin "$stage"/wheel "$stage"/ds-wheels
+tar -cJf .device-bin/bundle.tar.xz -C "$stage" bin wheel ds-wheels
 rm -rf "$stage"
 ls -la .device-bin/bundle.tar.xz

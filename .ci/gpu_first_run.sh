@@ -11,10 +11,12 @@
 # CUDA_LAUNCH_BLOCKING=1; compute-sanitizer's tools on the kernel and engine tests (API
 # errors not reported: NCCL's probes of its kernels at start are reported as such). Phase B
 # runs alone: the criterion GPU benches, PyTorch's baseline on the same sizes, the offload
-# bench. The defaults are sized from run 1 (an H200, docs/GPU_FIRST_RUN.md).
+# bench, zero_torch against plain PyTorch and against DeepSpeed 0.19.8 (installed from the
+# bundle's ds-wheels/ into its own folder). The defaults are sized from run 1 (an H200,
+# docs/GPU_FIRST_RUN.md), phase B's grown for the DeepSpeed comparison.
 set -u
 A=${1:-240}
-B=${2:-180}
+B=${2:-330}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 T0=$(date +%s)
@@ -32,6 +34,10 @@ PY=$(command -v python3)
 SITE=$($PY -c 'import site; print(site.getsitepackages()[0])')
 $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/site" "$W"/wheel/*.whl >>"$OUT/summary.txt" 2>&1
 export PYTHONPATH="$W/site"
+# DeepSpeed apart: only bench_gpu_vs_deepspeed.py's DeepSpeed processes see it.
+$PY -m pip install -q --no-index --no-deps --no-compile --find-links "$W/ds-wheels" --target "$W/ds-site" \
+  deepspeed einops hjson msgpack py-cpuinfo pydantic pydantic-core annotated-types typing-inspection \
+  typing-extensions psutil >>"$OUT/summary.txt" 2>&1 || echo "DeepSpeed not installed" >>"$OUT/summary.txt"
 NVRTC=$(find "$SITE/nvidia" -name 'libnvrtc.so.13*' ! -name '*builtins*' 2>/dev/null | sort | head -1)
 NCCL=$(find "$SITE/nvidia" -name 'libnccl.so*' 2>/dev/null | sort | head -1)
 [ -n "$NVRTC" ] && export ZERO_NVRTC_LIB="$NVRTC"
@@ -100,18 +106,21 @@ say "phase B (at most $B s)"
 { # GPU_SIZES, GPU_BENCH_FILTER (a criterion regex; empty: all), TORCH_BASELINE=0 and
   # OFFLOAD_BENCH=0 trim it; zero_torch's GPU bench (GPT-2 124M, bf16) runs last.
   export ZERO_BENCH_GPU_SIZES=${GPU_SIZES:-16,256,1024}
-  cd "$W" && timeout $((B * 4 / 9)) "$BIN/bench_gpu" --bench ${GPU_BENCH_FILTER:-} 2>&1 | grep -v '^$\|^Benchmarking'
+  cd "$W" && timeout $((B * 2 / 11)) "$BIN/bench_gpu" --bench ${GPU_BENCH_FILTER:-} 2>&1 | grep -v '^$\|^Benchmarking'
   echo "== bench_gpu exit $?"
   if [ "${TORCH_BASELINE:-1}" != 0 ]; then
-    cd "$ROOT" && timeout $((B * 2 / 9)) $PY benches/torch_baseline.py --sizes "$ZERO_BENCH_GPU_SIZES" 2>&1
+    cd "$ROOT" && timeout $((B / 11)) $PY benches/torch_baseline.py --sizes "$ZERO_BENCH_GPU_SIZES" 2>&1
     echo "== torch_baseline exit $?"
   fi
   if [ "${OFFLOAD_BENCH:-1}" != 0 ]; then
-    cd "$W" && ZERO_BENCH_GPU_OFFLOAD_SIZES=16,256 timeout $((B * 2 / 9)) "$BIN/bench_gpu_offload" --bench 2>&1
+    cd "$W" && ZERO_BENCH_GPU_OFFLOAD_SIZES=16,256 timeout $((B / 11)) "$BIN/bench_gpu_offload" --bench 2>&1
     echo "== bench_gpu_offload exit $?"
   fi
-  cd "$ROOT" && left_b=$((B - $(date +%s) + TB)); [ $left_b -gt 30 ] || left_b=30
+  cd "$ROOT" && left_b=$((B / 11)); [ $left_b -gt 30 ] || left_b=30
   timeout $left_b $PY zero-torch/benches/bench_zero_torch.py --only gpu 2>&1
   echo "== bench_zero_torch gpu exit $?"
+  left_b=$((B - $(date +%s) + TB)); [ $left_b -gt 30 ] || left_b=30
+  ZERO_BENCH_DS_PATH="$W/ds-site" timeout $left_b $PY zero-torch/benches/bench_gpu_vs_deepspeed.py 2>&1
+  echo "== bench_gpu_vs_deepspeed exit $?"
 } >"$OUT/bench.log" 2>&1
 say "all done"

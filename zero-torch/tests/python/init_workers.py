@@ -59,19 +59,25 @@ def _host(values: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
 
 
 def seeded(model: str, stage: int, dtype: str, gas: int, steps: int, global_batch: int, lazy: bool,
-           clip: float = 0.0, seed: int = 7, device: str = "cpu", moved: bool = False) -> Dict[str, Any]:
+           clip: float = 0.0, seed: int = 7, device: str = "cpu", moved: bool = False,
+           extra: Optional[Dict[str, Any]] = None, frozen: bool = False, budget: bool = False) -> Dict[str, Any]:
     """Builds ``model`` inside ``zero.Init(seed=seed)`` (``lazy``) or whole inside
     ``zero.Init(seed=None)`` then fills it with ``zero.init_weights`` (the ordinary path),
     trains on ``device``, and returns the parameters before and after, the losses, whether
     any parameter held values before ``initialize``, and torch's peak CUDA allocation
     through ``initialize`` (``device="cuda"``). ``moved``: the whole model is put on the
-    GPU by the script (``model.cuda()``) before ``initialize``."""
+    GPU by the script (``model.cuda()``) before ``initialize``. ``extra``: more config
+    sections; ``frozen``: a LoRA-style frozen base (``models.freeze_base``); ``budget``: no
+    gather before training, and the memory report right after it (before any gather of
+    the whole model), so ``allocator_peak`` is training's."""
     import zero_torch
 
     _on(device)
-    cfg = workers.config(stage, dtype, gas, global_batch, clip=clip)
+    cfg = workers.config(stage, dtype, gas, global_batch, clip=clip, extra=extra)
     with zero_torch.zero.Init(config_dict_or_path=cfg, seed=seed if lazy else None):
         m = _model(model)
+    if frozen:
+        models.freeze_base(m)
     placeholders = all(getattr(p, "_zero_lazy", None) is not None for p in m.parameters())
     held = sum(p.untyped_storage().nbytes() for p in m.parameters())
     if not lazy:
@@ -80,11 +86,12 @@ def seeded(model: str, stage: int, dtype: str, gas: int, steps: int, global_batc
         m.to(device)
     engine, _, _, _ = zero_torch.initialize(model=m, config=cfg)
     peak = _torch_peak(device)
-    start = _host(workers.gathered(engine))
+    start = {} if budget else _host(workers.gathered(engine))
     losses = _train(engine, steps, gas, global_batch)
+    memory = engine.memory_report()
     return {"start": start, "params": _host(workers.gathered(engine)), "losses": losses,
             "placeholders": placeholders, "held_before": held, "torch_peak_at_initialize": peak,
-            "device": str(engine.device)}
+            "device": str(engine.device), "memory": memory}
 
 
 def unfilled() -> Dict[str, Any]:

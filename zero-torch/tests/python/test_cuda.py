@@ -353,3 +353,27 @@ def test_from_pretrained_and_transformers_zero3_loading_on_the_gpu(tmp_path: Any
     assert loaded["torch_peak_at_initialize"] < model_bytes // 8, loaded["torch_peak_at_initialize"]
     assert loaded["losses"] == ordinary["losses"], (loaded["losses"], ordinary["losses"])
     _same(loaded["params"], ordinary["params"], "transformers' ZeRO-3 loading, trained values")
+
+
+@needs_gpu
+def test_a_frozen_base_inside_zero_init_with_offload_stays_within_its_budget_on_the_gpu() -> None:
+    """Issue 48, items 2 and 8: a LoRA-style frozen base built inside ``zero.Init`` on the
+    GPU at stage 3 with ``offload_param`` and ``offload_optimizer`` (cpu): zero's device
+    memory peaks (``allocator_peak``, the pool's high-water mark through ``initialize``
+    and three steps) within the budget the stand-in checks (``big_model_gpu.rs``: the
+    engine's buffers at rest, three times the most gathered at once, 64 KiB), and the run
+    gives the bits of the same model built on the host."""
+    extra = {"zero_optimization": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"},
+                                   "stage3_max_reuse_distance": 0}}
+    args = {"model": "llama", "stage": 3, "dtype": "bf16", "gas": 1, "steps": 3, "global_batch": BATCH,
+            "device": "cuda", "extra": extra, "frozen": True, "budget": True}
+    lazy = one_rank("init_workers.seeded", **args, lazy=True)
+    host = one_rank("init_workers.seeded", **args, lazy=False)
+    r = lazy["memory"]
+    rest = r["device_total"] - r["gathered"]
+    budget = rest + 3 * r["peak_gathered"] + (64 << 10)
+    print(f"cuda zero.Init, frozen base, offload: zero's pool peaked at {r['allocator_peak']} B; budget {budget} B "
+          f"({rest} B at rest, {r['peak_gathered']} B gathered at most); frozen partitions {r['frozen']} B on the device")
+    assert 0 < r["allocator_peak"] <= budget, (r["allocator_peak"], budget)
+    assert lazy["losses"] == host["losses"], (lazy["losses"], host["losses"])
+    _same(lazy["params"], host["params"], "zero.Init against the host model, trained values")

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use zero_comm::launch::LaunchEnv;
 use zero_comm::nccl::NcclComm;
 use zero_comm::{Communicator, HostGroup};
-use zero_kernels::testing::{gpu_or_skip, skip_gpu_test};
+use zero_kernels::testing::{finish_children, gpu_or_skip, skip_gpu_test};
 use zero_runtime::{CudaDevice, Device, Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
 use zero_tests::{init_values, seed};
 
@@ -216,25 +216,11 @@ fn ranks(seed: u64, offload_param: bool) -> Vec<String> {
             c.spawn().expect("spawn a rank")
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let outs: Vec<(bool, String)> = children
-        .into_iter()
-        .map(|mut child| {
-            while child.try_wait().expect("wait").is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let out = child.wait_with_output().expect("output");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (out.status.success(), text)
-        })
-        .collect();
+    let outs: Vec<(bool, String)> =
+        finish_children(children, Instant::now() + Duration::from_secs(600))
+            .into_iter()
+            .map(|(text, ok)| (ok, text))
+            .collect();
     let failed: Vec<String> = outs
         .iter()
         .enumerate()

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use zero_comm::nccl::{LaunchEnv, NcclComm};
 use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp};
 use zero_kernels::cuda::{Gpu, GpuBuffer};
-use zero_kernels::testing::{canonical_bits, gpu_or_skip, skip_gpu_test};
+use zero_kernels::testing::{canonical_bits, finish_children, gpu_or_skip, skip_gpu_test};
 use zero_kernels::{with_gpu_type, DType, Element};
 
 const WORLD: usize = 2;
@@ -200,23 +200,10 @@ fn ranks(seed: u64, extra: &[(&str, &str)]) -> Vec<String> {
             c.spawn().expect("spawn a rank")
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    children
+    finish_children(children, Instant::now() + Duration::from_secs(300))
         .into_iter()
-        .map(|mut child| {
-            while child.try_wait().expect("wait").is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let out = child.wait_with_output().expect("output");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(out.status.success(), "a rank process failed:\n{text}");
+        .map(|(text, ok)| {
+            assert!(ok, "a rank process failed:\n{text}");
             text
         })
         .collect()

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup};
+use zero_kernels::testing::finish_children;
 use zero_kernels::{DType, Element};
 
 /// One collective of the equivalence sweep.
@@ -168,33 +169,6 @@ fn spawn(case: &str, rank: usize, world: usize, port: u16, extra: &[(&str, Strin
     c.spawn().expect("start a rank")
 }
 
-/// Waits for `children` (killing any still running at `deadline`); returns each one's
-/// stdout and whether it exited successfully.
-fn finish(children: Vec<Child>, deadline: Instant) -> Vec<(String, bool)> {
-    children
-        .into_iter()
-        .map(|mut c| {
-            loop {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let out = c.wait_with_output().expect("child output");
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (text, out.status.success())
-        })
-        .collect()
-}
-
 /// The line a rank printed after `tag`.
 fn line<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
     text.lines()
@@ -320,7 +294,7 @@ fn every_collective_gives_host_groups_bits_at_one_to_four_processes() {
         let children: Vec<Child> = (0..world)
             .map(|r| spawn("sweep", r, world, port, &extra))
             .collect();
-        let outs = finish(children, Instant::now() + Duration::from_secs(120));
+        let outs = finish_children(children, Instant::now() + Duration::from_secs(120));
         for (r, (text, ok)) in outs.iter().enumerate() {
             assert!(
                 *ok && line(text, "RESULT").is_some(),
@@ -370,7 +344,7 @@ fn a_rank_killed_mid_collective_fails_every_other_rank_naming_it() {
     std::thread::sleep(Duration::from_millis(300));
     let killed = Instant::now();
     children[1].kill().unwrap();
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
     for r in [0, 2] {
         let (text, _) = &outs[r];
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
@@ -399,8 +373,8 @@ fn a_rank_that_stops_fails_the_others_at_the_timeout_naming_it() {
         .map(|r| spawn("stall", r, world, port, &extra))
         .collect();
     let stopped = children.remove(1);
-    let outs = finish(children, Instant::now() + Duration::from_secs(30));
-    let _ = finish(vec![stopped], Instant::now());
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(30));
+    let _ = finish_children(vec![stopped], Instant::now());
     let msg = line(&outs[0].0, "RESULT ERROR").unwrap_or_else(|| panic!("{}", outs[0].0));
     println!("rank 0: {msg}");
     assert!(msg.contains("timed out") && msg.contains("[1]"), "{msg}");
@@ -420,7 +394,7 @@ fn mismatched_collectives_fail_every_rank_naming_what_each_issued() {
         let children: Vec<Child> = (0..world)
             .map(|r| spawn("mismatch", r, world, port, &extra))
             .collect();
-        for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+        for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
             .iter()
             .enumerate()
         {
@@ -441,7 +415,7 @@ fn a_bad_argument_on_one_rank_fails_the_others_at_once() {
     let children: Vec<Child> = (0..world)
         .map(|r| spawn("invalid", r, world, port, &[]))
         .collect();
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
     for (r, (text, _)) in outs.iter().enumerate() {
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
         assert!(
@@ -459,8 +433,8 @@ fn a_rank_that_leaves_fails_the_others_naming_it() {
         .map(|r| spawn("leave", r, world, port, &[]))
         .collect();
     let rank1 = children.remove(1);
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
-    let _ = finish(vec![rank1], Instant::now());
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
+    let _ = finish_children(vec![rank1], Instant::now());
     let msg = line(&outs[0].0, "RESULT ERROR").unwrap_or_else(|| panic!("{}", outs[0].0));
     assert!(msg.contains("rank 1 left"), "{msg}");
 }
@@ -478,7 +452,7 @@ fn start_up_refuses_another_world_size_or_another_job_naming_both() {
             &[("WORLD_SIZE", "3".into()), ("LOCAL_WORLD_SIZE", "3".into())],
         ),
     ];
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+    for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
         .iter()
         .enumerate()
     {
@@ -493,7 +467,7 @@ fn start_up_refuses_another_world_size_or_another_job_naming_both() {
         spawn("plain", 0, 2, port, &[("ZERO_JOB_ID", "alpha".into())]),
         spawn("plain", 1, 2, port, &[("ZERO_JOB_ID", "beta".into())]),
     ];
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+    for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
         .iter()
         .enumerate()
     {

@@ -67,6 +67,41 @@ pub fn canonical_bits<T: crate::Element>(v: &[T]) -> Vec<u32> {
         .collect()
 }
 
+/// Waits for `children` (the rank processes of a multi-process test, their output piped),
+/// killing any still running at `deadline`; returns each one's stdout and stderr, and
+/// whether it exited successfully, in order.
+pub fn finish_children(
+    children: Vec<std::process::Child>,
+    deadline: std::time::Instant,
+) -> Vec<(String, bool)> {
+    children
+        .into_iter()
+        .map(|mut c| {
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            match c.wait_with_output() {
+                Ok(out) => (
+                    format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    ),
+                    out.status.success(),
+                ),
+                Err(e) => (format!("reading the child's output: {e}"), false),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -37,7 +37,7 @@ def shard_of(p: torch.Tensor) -> Optional[torch.Tensor]:
     return getattr(p, "_zero_shard", None)
 
 
-def poison(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+def _poison(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
     """One poison element (NaN, or 0 for integers) of ``dtype`` on ``device`` (the CPU by
     default), expanded to ``shape``."""
     value = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
@@ -46,13 +46,13 @@ def poison(shape: torch.Size, dtype: torch.dtype, device: Optional[torch.device]
 
 def placeholder(shape: torch.Size, dtype: torch.dtype, requires_grad: bool, spec: LazySpec) -> torch.nn.Parameter:
     """A parameter of ``shape`` and ``dtype`` holding one poison element, expanded."""
-    p = torch.nn.Parameter(poison(shape, dtype), requires_grad=requires_grad)
+    p = torch.nn.Parameter(_poison(shape, dtype), requires_grad=requires_grad)
     p._zero_lazy = spec  # type: ignore[attr-defined]
     return p
 
 
 def retype(p: torch.nn.Parameter, dtype: torch.dtype, device: Optional[torch.device] = None) -> None:
-    """Points placeholder ``p`` at poison of ``dtype`` (the engine trains in it) on
-    ``device`` (default: where ``p`` is). A placeholder moves to a GPU this way: one
+    """Points placeholder ``p`` (or a parameter whose values wait elsewhere) at poison of
+    ``dtype`` (the engine trains in it) on ``device`` (default: where ``p`` is). A placeholder moves to a GPU this way: one
     element there, where ``p.to(device)`` would copy the expanded shape whole."""
-    p.data = poison(p.shape, dtype, device if device is not None else p.device)
+    p.data = _poison(p.shape, dtype, device if device is not None else p.device)

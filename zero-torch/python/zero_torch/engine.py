@@ -72,10 +72,12 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             if _lazy_init.spec_of(p) is not None:
                 # A placeholder moves as its one poison element: never whole, on any device
                 # (model.to would copy the expanded shape). The engine fills it unit by unit.
-                _lazy_init.retype(p, dtype, self.device)
+                _placeholder.retype(p, dtype, self.device)
             elif self.device.type == "cuda" and p.device.type == "cpu" and id(p) not in self._staged:
+                # Its host values wait for the build; on the device it is poison, as a
+                # placeholder is.
                 self._staged[id(p)] = p.data
-                p.data = _placeholder.poison(p.shape, dtype, self.device)
+                _placeholder.retype(p, dtype, self.device)
         model.to(device=self.device)
         if self._dtype != torch.float32:
             for p in model.parameters():

@@ -21,6 +21,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use zero_kernels::testing::finish_children;
 
 const ENV_CASE: &str = "ZERO_GPUSIM_TEST_CASE";
 const ENV_ID: &str = "ZERO_GPUSIM_TEST_ID";
@@ -125,37 +126,6 @@ fn spawn(
         c.env(k, v);
     }
     c.spawn().expect("starting a rank")
-}
-
-/// Waits for `children`, killing any still running at `deadline`; returns each one's
-/// output and whether it exited successfully.
-fn finish(children: Vec<Child>, deadline: Instant) -> Vec<(String, bool)> {
-    children
-        .into_iter()
-        .map(|mut c| {
-            loop {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            match c.wait_with_output() {
-                Ok(out) => (
-                    format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr)
-                    ),
-                    out.status.success(),
-                ),
-                Err(e) => (format!("(no output: {e})"), false),
-            }
-        })
-        .collect()
 }
 
 /// What a rank printed after `tag`.
@@ -787,7 +757,7 @@ fn sweep(nranks: usize) {
         let children: Vec<Child> = (0..nranks)
             .map(|r| spawn("sweep", &id, r, nranks, &extra))
             .collect();
-        let outs = finish(children, Instant::now() + Duration::from_secs(300));
+        let outs = finish_children(children, Instant::now() + Duration::from_secs(300));
         for (r, (text, _)) in outs.iter().enumerate() {
             let res = line(text, "RESULT").unwrap_or("(none)");
             assert!(
@@ -849,7 +819,7 @@ fn mismatched_calls_fail_every_rank_naming_each_call() {
         let children: Vec<Child> = (0..2)
             .map(|r| spawn("mismatch", &id, r, 2, &extra))
             .collect();
-        for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+        for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
             .iter()
             .enumerate()
         {
@@ -878,8 +848,8 @@ fn a_rank_that_never_calls_fails_the_others_at_the_timeout_naming_it() {
     let id = unique_id();
     let mut children: Vec<Child> = (0..3).map(|r| spawn("stall", &id, r, 3, &[])).collect();
     let stalled = children.remove(1);
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
-    let _ = finish(vec![stalled], Instant::now());
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
+    let _ = finish_children(vec![stalled], Instant::now());
     for (r, (text, _)) in [0, 2].iter().zip(&outs) {
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
         println!("rank {r}: {msg}");
@@ -902,7 +872,7 @@ fn a_rank_that_never_joins_fails_the_join_naming_it() {
     let id = unique_id();
     let extra = [(ENV_JOIN_S, "2".to_string())];
     let children: Vec<Child> = (0..2).map(|r| spawn("plain", &id, r, 3, &extra)).collect();
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+    for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
         .iter()
         .enumerate()
     {
@@ -935,7 +905,7 @@ fn two_ranks_on_one_device_are_both_refused_naming_it() {
     let id = unique_id();
     let extra = [(ENV_KEY, "testhost:GPU-0b5e7c1a".to_string())];
     let children: Vec<Child> = (0..2).map(|r| spawn("plain", &id, r, 2, &extra)).collect();
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+    for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
         .iter()
         .enumerate()
     {
@@ -969,10 +939,10 @@ fn ranks_given_different_nranks_are_both_refused_naming_both() {
             children.push((r, spawn("plain", &id, r, nranks, &extra)));
         }
         let (ranks, children): (Vec<usize>, Vec<Child>) = children.into_iter().unzip();
-        for (r, (text, _)) in ranks
-            .iter()
-            .zip(finish(children, Instant::now() + Duration::from_secs(60)))
-        {
+        for (r, (text, _)) in ranks.iter().zip(finish_children(
+            children,
+            Instant::now() + Duration::from_secs(60),
+        )) {
             let msg = line(&text, "JOIN ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
             println!("rank {r} (rank {first} first): {msg}");
             assert!(
@@ -1000,7 +970,7 @@ fn a_rank_number_taken_twice_is_refused_naming_both_pids() {
         spawn("plain", &id, 1, 2, &late),
     ];
     let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
     for (r, (text, _)) in outs.iter().enumerate() {
         let msg = line(text, "JOIN ERROR").unwrap_or_else(|| panic!("process {r}:\n{text}"));
         println!("process {r}: {msg}");
@@ -1020,7 +990,7 @@ fn bad_arguments_on_one_rank_fail_every_rank_at_once() {
     let before = shm_entries();
     let id = unique_id();
     let children: Vec<Child> = (0..2).map(|r| spawn("invalid", &id, r, 2, &[])).collect();
-    for (r, (text, _)) in finish(children, Instant::now() + Duration::from_secs(60))
+    for (r, (text, _)) in finish_children(children, Instant::now() + Duration::from_secs(60))
         .iter()
         .enumerate()
     {
@@ -1042,7 +1012,7 @@ fn abort_from_another_thread_fails_the_waiter_at_once_and_every_peer_naming_it()
     let before = shm_entries();
     let id = unique_id();
     let children: Vec<Child> = (0..3).map(|r| spawn("abort", &id, r, 3, &[])).collect();
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
     for (r, (text, _)) in outs.iter().enumerate() {
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
         println!("rank {r}: {msg}");
@@ -1076,7 +1046,7 @@ fn a_peer_killed_mid_collective_fails_the_others_naming_it() {
     // SIGKILL; not reaped until the others are done, so it stays a zombie meanwhile.
     assert!(children[1].kill().is_ok());
     let mut victim = children.remove(1);
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
     let _ = victim.wait();
     for (r, (text, _)) in [0, 2].iter().zip(&outs) {
         let msg = line(text, "RESULT ERROR").unwrap_or_else(|| panic!("rank {r}:\n{text}"));
@@ -1104,8 +1074,8 @@ fn a_peer_that_leaves_fails_the_others_naming_it() {
     let id = unique_id();
     let mut children: Vec<Child> = (0..2).map(|r| spawn("leave", &id, r, 2, &[])).collect();
     let leaver = children.remove(1);
-    let outs = finish(children, Instant::now() + Duration::from_secs(60));
-    let _ = finish(vec![leaver], Instant::now());
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(60));
+    let _ = finish_children(vec![leaver], Instant::now());
     let msg = line(&outs[0].0, "RESULT ERROR").unwrap_or_else(|| panic!("{}", outs[0].0));
     println!("rank 0: {msg}");
     assert!(msg.contains("rank 1 left"), "{msg}");
@@ -1118,7 +1088,7 @@ fn a_16_mib_bf16_all_reduce_between_two_processes_takes_well_under_a_second() {
     let before = shm_entries();
     let id = unique_id();
     let children: Vec<Child> = (0..2).map(|r| spawn("bench", &id, r, 2, &[])).collect();
-    let outs = finish(children, Instant::now() + Duration::from_secs(120));
+    let outs = finish_children(children, Instant::now() + Duration::from_secs(120));
     for (r, (text, _)) in outs.iter().enumerate() {
         assert_eq!(line(text, "RESULT"), Some("ok"), "rank {r}:\n{text}");
     }

@@ -169,25 +169,25 @@ impl Gpu {
     /// queued on any stream have landed. What the engine's memory report is checked
     /// against.
     pub fn pool_used_bytes(&self) -> Result<u64, GpuError> {
-        self.ctx.synchronize().map_err(driver("synchronize"))?;
-        zero_sys::driver::default_pool_used(self.ctx.cu_device()).map_err(|message| {
-            GpuError::Driver {
-                context: "memory pool",
-                message,
-            }
-        })
+        self.pool_figure(zero_sys::driver::default_pool_used)
     }
 
     /// The most bytes ever in use at once in this device's default memory pool
     /// (`zero_sys::driver::default_pool_peak`; the same users as [`Gpu::pool_used_bytes`]),
     /// read after the device ran the work queued so far.
     pub fn pool_peak_bytes(&self) -> Result<u64, GpuError> {
+        self.pool_figure(zero_sys::driver::default_pool_peak)
+    }
+
+    /// One figure of the default memory pool, `read` after the queued work ran.
+    fn pool_figure(
+        &self,
+        read: fn(zero_sys::cudarc::driver::sys::CUdevice) -> Result<u64, String>,
+    ) -> Result<u64, GpuError> {
         self.ctx.synchronize().map_err(driver("synchronize"))?;
-        zero_sys::driver::default_pool_peak(self.ctx.cu_device()).map_err(|message| {
-            GpuError::Driver {
-                context: "memory pool",
-                message,
-            }
+        read(self.ctx.cu_device()).map_err(|message| GpuError::Driver {
+            context: "memory pool",
+            message,
         })
     }
 

@@ -236,11 +236,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// ahead (stage 3's prefetch reads the trace's next blocks into spare buffers) and how
     /// many were read when opened, `(ahead, waited)`; `None` without an NVMe tier.
     pub fn param_block_reads(&self) -> Option<(u64, u64)> {
-        let tier = self.param_tier.as_ref()?;
-        tier.is_nvme().then(|| {
-            let r = tier.block_reads();
-            (r.ahead, r.waited)
-        })
+        let r = self.param_tier.as_ref()?.block_reads()?;
+        Some((r.ahead, r.waited))
     }
 
     /// This rank's bytes by category, beside the paper's formula for the stage.

@@ -256,14 +256,9 @@ impl ParamTier {
         Ok(())
     }
 
-    /// Whether the partitions live on NVMe.
-    pub fn is_nvme(&self) -> bool {
-        matches!(self.store, Store::Nvme { .. })
-    }
-
-    /// How the NVMe blocks were opened so far (zeros in host memory).
-    pub fn block_reads(&self) -> BlockReads {
-        self.reads
+    /// How the NVMe blocks were opened so far; `None` in host memory.
+    pub fn block_reads(&self) -> Option<BlockReads> {
+        matches!(self.store, Store::Nvme { .. }).then_some(self.reads)
     }
 
     /// On NVMe, makes bucket `b`'s block the open one: from its read ahead if there is

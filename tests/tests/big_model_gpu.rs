@@ -28,10 +28,12 @@ const WORLD: usize = 4;
 const MODULES: usize = 40;
 const WIDTH: usize = 256;
 /// Each device's memory on the stand-in: less than the model's 16-bit parameters. A rank
-/// holds a quarter of them (1.25 MiB), a quarter of the gradients (1.25 MiB), a gradient
-/// bucket and at most `stage3_max_live_parameters` gathered (0.375 MiB), and, outside the
-/// memory pool, the kernel tables of each stream it uses (about 0.45 MiB on the stand-in).
-const CAP_MIB: u64 = 4;
+/// holds a quarter of them (1.25 MiB; none with `offload_param`), a gradient bucket and
+/// its reduced partition, at most `stage3_max_live_parameters` gathered (0.375 MiB), and,
+/// outside the memory pool, the kernel tables of each stream it uses (about 0.45 MiB on
+/// the stand-in). Its quarter of the gradients (1.25 MiB) lives in host memory beside
+/// the offloaded optimizer: with it on the device the rank would not fit.
+const CAP_MIB: u64 = 3;
 const STEPS: usize = 2;
 /// Beyond the engine's report: its device scalars (overflow flag, norms) and the pool's
 /// rounding, and the caller's reading of one gathered bucket (`params_f32` widens the
@@ -180,7 +182,9 @@ fn big_model_rank_child() {
         (r.device_total() - r.gathered) as u64 + TRANSIENT * r.peak_gathered as u64 + SLACK;
     let peak = gpu.pool_peak_bytes().expect("peak");
     println!(
-        "RANK {rank} BITS {bits:016x} PEAK {peak} BUDGET {budget} ({} B at rest, {} B gathered at most)",
+        "RANK {rank} BITS {bits:016x} PEAK {peak} BUDGET {budget} DEVICE_GRADS {} HOST_GRADS {} ({} B at rest, {} B gathered at most)",
+        r.grads + r.grad_accum,
+        r.host.grads + r.host.grad_accum,
         r.device_total() - r.gathered,
         r.peak_gathered
     );
@@ -288,6 +292,13 @@ fn four_devices_train_a_model_bigger_than_each_to_the_host_engines_bits() {
             assert_eq!(
                 got.bits, want[rank],
                 "{label}: rank {rank}'s parameters differ from the host engine's (seed {seed})"
+            );
+            // The gradient partitions live beside the offloaded optimizer, in host memory.
+            let quarter = model_bytes / WORLD as u64;
+            assert_eq!(
+                (field(line, "DEVICE_GRADS "), field(line, "HOST_GRADS ")),
+                (0, quarter),
+                "{label}: rank {rank}'s gradient partition must be in host memory only"
             );
             println!(
                 "{label}: rank {rank} peaked at {} B of its {} B budget and the {} B cap",

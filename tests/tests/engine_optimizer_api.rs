@@ -342,6 +342,32 @@ fn a_reopened_micro_step_adds_the_next_pass_in_every_stage() {
                     "{precision} accum {accum} stage {stage}: {d} > {tol}"
                 );
                 assert!(bits(&reopened[1]) == bits(&reopened[0]), "ranks differ");
+                if stage >= 1 {
+                    // The carry of the offloaded optimizer's host gradients (stages 2–3)
+                    // and of stage 1's device gradients: the same bits.
+                    let offloaded = zero_tests::with_offload(
+                        &cfg,
+                        "offload_optimizer",
+                        &serde_json::json!({"device": "cpu"}),
+                        None,
+                    );
+                    let off = run_ranks(world, &offloaded, s, |e| {
+                        for st in 0..steps {
+                            for k in 0..accum {
+                                let r = e.rank();
+                                pass(e, &data[half(st, k, r, 0)], None);
+                                e.reopen_micro_step().unwrap();
+                                pass(e, &data[half(st, k, r, 1)], None);
+                            }
+                            e.step().unwrap();
+                        }
+                        full_params(e).unwrap()
+                    });
+                    assert!(
+                        bits(&off[0]) == bits(&reopened[0]),
+                        "{precision} accum {accum} stage {stage}: reopened with the optimizer offloaded differs"
+                    );
+                }
                 runs.push(reopened.into_iter().next().unwrap());
             }
             if accum == 1 {

@@ -249,3 +249,46 @@ fn nvme_param_blocks_are_read_ahead_of_their_gathers() {
         }
     }
 }
+
+/// Stages 2–3 keep the reduced gradient partitions in host memory beside the offloaded
+/// optimizer, as DeepSpeed does: the device holds no gradient partition and no
+/// accumulator, the host holds each partition in the dtype the step reads (the fp32
+/// accumulator where a window of bf16 gradients is summed in fp32), and every bit is the
+/// device state's run's.
+#[test]
+fn gradient_partitions_live_beside_the_offloaded_optimizer() {
+    let seed = seed("offload_host_grads");
+    for stage in [2u8, 3] {
+        for (sum_in, accum) in [("bf16", 1), ("bf16", 3), ("fp32", 3)] {
+            let ctx = format!("stage {stage} bf16 summed in {sum_in} over {accum}");
+            let types = format!(r#"{{"data_types": {{"grad_accum_dtype": "{sum_in}"}},"#);
+            let base = mlp_config(stage, "bf16", accum, 0.5, true).replacen('{', &types, 1);
+            let tier = serde_json::json!({"device": "cpu"});
+            let cfg = with_offload(&base, "offload_optimizer", &tier, Some(5));
+            compare(
+                &ctx,
+                &train(&base, seed, accum, None),
+                &train(&cfg, seed, accum, None),
+            );
+            let data = dataset(seed, WORLD * 2 * accum);
+            let reports = run_ranks(WORLD, &cfg, seed, |e| {
+                train_step(e, &data, 0, None).expect("step");
+                e.memory_report()
+            });
+            for (rank, r) in reports.iter().enumerate() {
+                let owned = r.padded_numel / WORLD;
+                assert_eq!((r.grads, r.grad_accum), (0, 0), "{ctx}: rank {rank}: {r:?}");
+                let want = if sum_in == "fp32" && accum > 1 {
+                    (0, 4 * owned)
+                } else {
+                    (2 * owned, 0)
+                };
+                assert_eq!(
+                    (r.host.grads, r.host.grad_accum),
+                    want,
+                    "{ctx}: rank {rank}: {r:?}"
+                );
+            }
+        }
+    }
+}

@@ -100,7 +100,7 @@ pub fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
     }
     for (name, b, h, n) in [
         ("parameters", m.params, m.host.params, m.nvme.params),
-        ("gradients", m.grads, 0, 0),
+        ("gradients", m.grads, m.host.grads, 0),
         ("fp32 master", m.master, m.host.master, m.nvme.master),
         ("fp32 exp_avg", m.exp_avg, m.host.exp_avg, m.nvme.exp_avg),
         (
@@ -122,7 +122,8 @@ pub fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
         "paper"
     };
     if offloaded {
-        let off = |t: &zero_runtime::TierBytes| t.params + t.master + t.exp_avg + t.exp_avg_sq;
+        let off =
+            |t: &zero_runtime::TierBytes| t.params + t.grads + t.master + t.exp_avg + t.exp_avg_sq;
         println!(
             "  {:<18} {:>12} {:>12} {:>12}   all tiers {} = {paper} {} = {}",
             "model states",

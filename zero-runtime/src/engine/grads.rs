@@ -18,7 +18,7 @@
 //! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
 //! for only when its buffers are needed again, or at `step()`.
 
-use super::{Engine, Reduction};
+use super::{Dest, Engine, Reduction};
 use crate::device::Device;
 use crate::EngineError;
 use std::time::Instant;
@@ -117,6 +117,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.dev.zero(buf, 0..n)?;
             }
         }
+        if let Some(host) = self.host_grads_mut() {
+            host.zero()?;
+        }
         self.micro_done -= 1;
         Ok(())
     }
@@ -125,6 +128,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// the buckets that have one (before a step), or into every bucket, allocating the
     /// carries (`create`: a micro-step reopened after its reductions).
     pub(super) fn add_into_carry(&mut self, create: bool) -> Result<(), EngineError> {
+        if let Some(host) = self.host_grads_mut() {
+            return host.add_into_carry(create);
+        }
         for b in self.trainable_range() {
             if self.buckets[b].carry.is_none() && !create {
                 continue;
@@ -228,7 +234,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 Reduction::ReduceScatter {
                     bucket: b,
                     work,
-                    added: false,
+                    dest: Dest::Shard,
                 }
             }
         } else {
@@ -236,19 +242,26 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 .grads
                 .take()
                 .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
-            let added = self.sums_in_shard() && !self.buckets[b].shard_fresh;
-            let out = if added {
-                self.take_scratch(part)?
+            let later = !self.buckets[b].shard_fresh;
+            let (dest, out) = if self.host_grads().is_some() {
+                // Every reduction of a window is added into an fp32 accumulator; summed in
+                // the gradients' dtype, the window's first is copied and the later added.
+                let add = self.accumulates_apart() || (self.sums_in_shard() && later);
+                self.buckets[b].shard_fresh = false;
+                (Dest::Host { add }, self.take_scratch(part)?)
+            } else if self.sums_in_shard() && later {
+                (Dest::AddToShard, self.take_scratch(part)?)
             } else {
                 while self.buckets[b].grad_shard.is_none() && !self.inflight.is_empty() {
                     self.finish_oldest()?;
                 }
                 self.buckets[b].shard_fresh = false;
                 self.buckets[b].released = 0;
-                self.buckets[b]
+                let shard = self.buckets[b]
                     .grad_shard
                     .take()
-                    .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?
+                    .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
+                (Dest::Shard, shard)
             };
             let work = self.issue(
                 |c| &mut c.grad_reduce,
@@ -257,7 +270,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Reduction::ReduceScatter {
                 bucket: b,
                 work,
-                added,
+                dest,
             }
         };
         self.inflight.push_back(reduction);
@@ -305,14 +318,21 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Reduction::AllReduce { bucket, work } => {
                 self.buckets[bucket].grads = Some(work.wait()?);
             }
-            Reduction::ReduceScatter {
-                bucket,
-                work,
-                added,
-            } => {
+            Reduction::ReduceScatter { bucket, work, dest } => {
                 let (mut input, output) = work.wait()?;
                 let part = self.plan.buckets[bucket].layout.partition_len();
-                if added {
+                if let Dest::Host { add } = dest {
+                    let host = self
+                        .offload
+                        .as_mut()
+                        .and_then(|o| o.host_grads.as_mut())
+                        .ok_or_else(|| {
+                            EngineError::Internal("no host gradient partitions".into())
+                        })?;
+                    host.receive(&self.dev, bucket, &output, add)?;
+                    self.scratch.push(output);
+                    self.pool.push((input, self.staging_cap[bucket]));
+                } else if dest == Dest::AddToShard {
                     // (An earlier reduction into this shard was queued first, so it is back.)
                     let shard = self.buckets[bucket]
                         .grad_shard

@@ -124,16 +124,22 @@ impl<B, W2> BucketState<B, W2> {
 
 /// A reduction in flight.
 enum Reduction<W1, W2> {
-    AllReduce {
-        bucket: usize,
-        work: W1,
-    },
-    /// `added`: the output is a scratch buffer to add into the bucket's gradient shard.
-    ReduceScatter {
-        bucket: usize,
-        work: W2,
-        added: bool,
-    },
+    AllReduce { bucket: usize, work: W1 },
+    ReduceScatter { bucket: usize, work: W2, dest: Dest },
+}
+
+/// Where a reduce-scatter's output goes when it finishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    /// It is the bucket's gradient shard (stages 2–3), or the reduced partition that
+    /// stage 1 copies back into its whole-bucket buffer.
+    Shard,
+    /// A scratch output added into the bucket's gradient shard (a window summed in the
+    /// gradients' dtype, after its first reduction).
+    AddToShard,
+    /// A scratch output that crosses to the bucket's partition in host memory
+    /// (`offload_optimizer` at stages 2–3): copied there, or added in (`add`).
+    Host { add: bool },
 }
 
 /// Counters of elements sent, by purpose.
@@ -267,6 +273,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let params_offloaded = policy.shards_parameters()
             && cfg.zero.offload_param.device != crate::config::OffloadDevice::None;
         let master_apart = Self::keeps_master_apart(dtype, offloaded, params_offloaded);
+        // With the optimizer offloaded, stages 2–3's reduced partitions live beside it.
+        let grads_on_host = offloaded && policy.shards_gradients();
         let mut buckets = Vec::with_capacity(plan.buckets.len());
         for b in &plan.buckets {
             let (total, part) = (b.layout.total_len(), b.layout.partition_len());
@@ -293,11 +301,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 grads: (!policy.shards_gradients())
                     .then(|| dev.zeros(dtype, total))
                     .transpose()?,
-                grad_shard: policy
-                    .shards_gradients()
+                grad_shard: (policy.shards_gradients() && !grads_on_host)
                     .then(|| dev.zeros(dtype, part))
                     .transpose()?,
-                accum: (accumulate && !own_dtype)
+                accum: (accumulate && !own_dtype && !grads_on_host)
                     .then(|| {
                         let len = if policy.shards_gradients() {
                             part
@@ -348,21 +355,29 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 .iter()
                 .map(|b| b.layout.partition_len())
                 .collect();
-            Some(offload::Offload::new(
+            let grad_dtype = if accumulate && policy.shards_gradients() {
+                accum_dtype
+            } else {
+                dtype
+            };
+            let mut off = offload::Offload::new(
                 &cfg.zero.offload_optimizer,
                 cfg.aio,
                 cfg.zero.sub_group_size,
                 &owned,
-                (
-                    dtype,
-                    if accumulate && policy.shards_gradients() {
-                        accum_dtype
-                    } else {
-                        dtype
-                    },
-                ),
+                (dtype, grad_dtype),
                 rank,
-            )?)
+            )?;
+            if grads_on_host {
+                off.host_grads = Some(offload::HostGrads::new(
+                    &off.arena,
+                    &owned,
+                    (grad_dtype, dtype),
+                    accumulate,
+                    offload::stage_elements(),
+                )?);
+            }
+            Some(off)
         } else {
             None
         };
@@ -591,6 +606,22 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// added, as DeepSpeed's stage 3 sums into its partition buffer).
     fn sums_in_shard(&self) -> bool {
         Self::sums_in_own_dtype(&self.cfg, self.dtype) && self.policy.shards_gradients()
+    }
+
+    /// Whether a window of several micro-steps is summed in an accumulator of another
+    /// dtype (fp32 sums of 16-bit gradients): every reduction of the window is added in.
+    fn accumulates_apart(&self) -> bool {
+        self.cfg.gradient_accumulation_steps > 1 && !Self::sums_in_own_dtype(&self.cfg, self.dtype)
+    }
+
+    /// Stages 2–3 with `offload_optimizer`: the reduced gradient partitions, in host
+    /// memory.
+    fn host_grads(&self) -> Option<&offload::HostGrads> {
+        self.offload.as_ref().and_then(|o| o.host_grads.as_ref())
+    }
+
+    fn host_grads_mut(&mut self) -> Option<&mut offload::HostGrads> {
+        self.offload.as_mut().and_then(|o| o.host_grads.as_mut())
     }
 
     /// Whether a window of several micro-steps is summed in the gradients' own dtype.

@@ -33,6 +33,12 @@ pub struct TierBytes {
     pub exp_avg: usize,
     /// fp32 second moments.
     pub exp_avg_sq: usize,
+    /// Stages 2–3 with `offload_optimizer`: the reduced gradient partitions the step
+    /// reads, in the gradients' dtype.
+    pub grads: usize,
+    /// The same partitions where a window of 16-bit gradients is summed in fp32
+    /// (`data_types.grad_accum_dtype`): the fp32 accumulators, which the step reads.
+    pub grad_accum: usize,
     /// Staging and pipeline buffers: one sub-group's gradients and parameters crossing
     /// to and from the device, and the NVMe pipeline's blocks.
     pub buffers: usize,
@@ -41,7 +47,13 @@ pub struct TierBytes {
 impl TierBytes {
     /// Everything in the tier.
     pub fn total(&self) -> usize {
-        self.params + self.master + self.exp_avg + self.exp_avg_sq + self.buffers
+        self.params
+            + self.master
+            + self.exp_avg
+            + self.exp_avg_sq
+            + self.grads
+            + self.grad_accum
+            + self.buffers
     }
 }
 
@@ -73,10 +85,12 @@ pub struct MemoryReport {
     /// buckets, of which this rank holds its partitions (on the host with
     /// `offload_param`: in `host`).
     pub frozen: usize,
-    /// Bytes counted above that are not resident: the gradients (stages 2–3's shards,
-    /// stages 0–1's whole buckets), whose host pages go back to the kernel when a step
-    /// ends and return as the next backward writes them (as DeepSpeed frees its gradients
-    /// between steps). Always 0 on a GPU, where the buffers stay allocated.
+    /// Bytes counted here or in [`host`](Self::host) that are not resident: the
+    /// gradients (stages 2–3's shards, on the device or, with `offload_optimizer`, in
+    /// host memory; stages 0–1's whole buckets), whose host pages go back to the kernel
+    /// when a step ends and return as the next backward writes them (as DeepSpeed frees
+    /// its gradients between steps). Device memory stays allocated: on a GPU this counts
+    /// only the host partitions.
     pub released: usize,
     /// Host memory the communicator keeps for its collectives (the shared-memory group's
     /// windows).
@@ -118,7 +132,7 @@ impl MemoryReport {
     /// Model states in every tier: device, host and NVMe (equal to the formula when
     /// offloading only moves them).
     pub fn model_states_all_tiers(&self) -> usize {
-        let off = |t: &TierBytes| t.params + t.master + t.exp_avg + t.exp_avg_sq;
+        let off = |t: &TierBytes| t.params + t.grads + t.master + t.exp_avg + t.exp_avg_sq;
         self.model_states() + off(&self.host) + off(&self.nvme)
     }
 }
@@ -280,7 +294,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.allocator_used = self.dev.allocator_used();
         r.allocator_peak = self.dev.allocator_peak();
         if let Some(off) = &self.offload {
-            off.report(&mut r.host, &mut r.nvme);
+            r.released += off.report(&mut r.host, &mut r.nvme, self.dtype);
         }
         if let Some(tier) = &self.param_tier {
             tier.report(&mut r.host, &mut r.nvme);

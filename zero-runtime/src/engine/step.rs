@@ -320,8 +320,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn global_stats(&mut self) -> Result<(f64, bool), EngineError> {
         let mut mine = GradStats::EMPTY;
         for b in self.trainable_range() {
-            let (buf, range) = self.step_grads(b)?;
-            mine = mine.merge(self.dev.stats(buf, range)?);
+            let stats = match self.host_grads() {
+                Some(host) => host.stats(b)?,
+                None => {
+                    let (buf, range) = self.step_grads(b)?;
+                    self.dev.stats(buf, range)?
+                }
+            };
+            mine = mine.merge(stats);
         }
         let mut input = self.dev.zeros(DType::F32, 2)?;
         self.dev.upload_f32(
@@ -528,6 +534,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// frees its gradient partition between steps); stages 0–1's whole-bucket gradients
     /// are zeroed the same way where the device can (a mapping's pages read as zero).
     fn clear_gradients(&mut self) -> Result<(), EngineError> {
+        if let Some(host) = self.host_grads_mut() {
+            host.clear()?;
+        }
         for state in self.buckets.iter_mut() {
             state.carry = None;
             state.shard_fresh = true;

@@ -15,13 +15,16 @@
 //! else the memory the system reports available), so running out is an error naming the
 //! numbers at start-up, never an allocation failure mid-run.
 
+mod grads;
 mod params;
 mod shards;
 mod state;
 mod step;
 
+pub(crate) use grads::HostGrads;
 pub(crate) use params::ParamTier;
 pub(crate) use state::Staging;
+pub(crate) use step::stage_elements;
 
 use crate::config::{AioConfig, OffloadDevice, OffloadOptimizerConfig};
 use crate::io::{check_direct, AlignedBuf, SwapFile, ALIGN};
@@ -174,6 +177,9 @@ pub(crate) struct Offload {
     /// alignment padding).
     pub host_state: usize,
     pub nvme_state: u64,
+    /// Stages 2–3: the reduced gradient partitions, in host memory (stage 1 keeps whole
+    /// gradients on the device, as it does without offloading).
+    pub host_grads: Option<HostGrads>,
     aio: AioConfig,
     pipeline: Pipeline,
 }
@@ -298,13 +304,20 @@ impl Offload {
             params,
             host_state,
             nvme_state,
+            host_grads: None,
             aio,
             pipeline,
         })
     }
 
-    /// Its bytes, by tier and category.
-    pub fn report(&self, host: &mut crate::engine::TierBytes, nvme: &mut crate::engine::TierBytes) {
+    /// Its bytes, by tier and category, and the bytes of its gradient partitions whose
+    /// pages went back to the kernel. `dtype`: the gradients'.
+    pub fn report(
+        &self,
+        host: &mut crate::engine::TierBytes,
+        nvme: &mut crate::engine::TierBytes,
+        dtype: DType,
+    ) -> usize {
         let array = 4 * self.groups.iter().map(SubGroup::len).sum::<usize>();
         let tier = match self.store {
             Store::Host(_) => &mut *host,
@@ -317,7 +330,20 @@ impl Offload {
         tier.master += array;
         tier.exp_avg += array;
         tier.exp_avg_sq += array;
-        host.buffers += self.arena.used().saturating_sub(self.host_state);
+        let (grads, accum, carry, released) = self
+            .host_grads
+            .as_ref()
+            .map_or((0, 0, 0, 0), |g| g.bytes(dtype));
+        host.grads += grads;
+        host.grad_accum += accum;
+        // Staging is in the arena (the partitions' included); a reopened micro-step's
+        // carries are not.
+        host.buffers += carry
+            + self
+                .arena
+                .used()
+                .saturating_sub(self.host_state + grads + accum);
+        released
     }
 }
 

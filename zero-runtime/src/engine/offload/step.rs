@@ -2,8 +2,8 @@
 //! code for the host tier and NVMe (where the blocks are read ahead and written behind).
 
 use super::super::Engine;
-use super::{Offload, Store, SubGroup};
-use crate::device::Device;
+use super::{HostGrads, Offload, Store, SubGroup};
+use crate::device::{Device, HostDevice};
 use crate::io::Ticket;
 use crate::EngineError;
 use std::collections::VecDeque;
@@ -118,15 +118,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             let [master, m, v] = &mut per[g.bucket];
             let r = g.range.clone();
-            let (grads, params) = (&mut off.grads, &mut off.params);
+            let staging = (&mut off.grads[..], &mut off.params);
             self.step_group(
                 &g,
                 scale,
-                &mut master[r.clone()],
-                &mut m[r.clone()],
-                &mut v[r],
-                grads,
-                params,
+                [&mut master[r.clone()], &mut m[r.clone()], &mut v[r]],
+                staging,
+                off.host_grads.as_ref(),
             )?;
         }
         Ok(())
@@ -169,8 +167,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
                     let (master, rest) = all[..3 * n].split_at_mut(n);
                     let (m, v) = rest.split_at_mut(n);
-                    let (grads, params) = (&mut off.grads, &mut off.params);
-                    self.step_group(g, scale, master, m, v, grads, params)?;
+                    let staging = (&mut off.grads[..], &mut off.params);
+                    self.step_group(g, scale, [master, m, v], staging, off.host_grads.as_ref())?;
                 }
                 writes.push_back(file.write(buf, g.offset, g.block).map_err(io)?);
             }
@@ -201,20 +199,23 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// buffered: chunk k+1's are fetched before chunk k's parameters are queued back, so
     /// on a GPU (where the upload returns before its DMA runs) the upload of chunk k
     /// overlaps Adam on chunk k+1.
-    #[allow(clippy::too_many_arguments)]
+    /// `state`: the sub-group's master weights and moments; `staging`: the gradient
+    /// chunks (two) and the parameter chunk; `host`: the reduced gradient partitions when
+    /// they live in host memory (stages 2–3), else they are read from the device.
     fn step_group(
         &mut self,
         g: &SubGroup,
         scale: f32,
-        master: &mut [f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        grads: &mut [HostBuffer],
-        params: &mut HostBuffer,
+        [master, m, v]: [&mut [f32]; 3],
+        (grads, params): (&mut [HostBuffer], &mut HostBuffer),
+        host: Option<&HostGrads>,
     ) -> Result<(), EngineError> {
         let b = g.bucket;
         let runs = self.adam_runs(b);
-        let (_, grange) = self.step_grads(b)?;
+        let grange = match host {
+            Some(_) => 0..0,
+            None => self.step_grads(b)?.1,
+        };
         let from = grange.start + g.range.start;
         let chunk = params.len().max(1);
         let chunks: Vec<std::ops::Range<usize>> = (0..g.range.len())
@@ -226,10 +227,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 "the gradient staging is not double".into(),
             ));
         };
+        // The staging takes the dtype of what the step reads: a reopened micro-step's
+        // fp32 carry crosses as fp32 (rounding it to the gradients' dtype would change
+        // the step), and the next step's gradients in their own dtype again.
+        let reads = match host {
+            Some(h) => h.step_grads(b)?.dtype(),
+            None => self.dev.dtype(self.step_grads(b)?.0),
+        };
+        for s in [&mut *cur, &mut *next] {
+            if s.dtype() != reads {
+                *s = HostBuffer::zeros(reads, s.len());
+            }
+        }
         let fetch = |e: &Self, r: &std::ops::Range<usize>, dst: &mut HostBuffer| {
-            let (gbuf, _) = e.step_grads(b)?;
-            e.dev
-                .copy_to_host(gbuf, from + r.start..from + r.end, dst, 0)
+            let src = from + r.start..from + r.end;
+            match host {
+                Some(h) => HostDevice.copy(h.step_grads(b)?, src, dst, 0),
+                None => e.dev.copy_to_host(e.step_grads(b)?.0, src, dst, 0),
+            }
         };
         if let Some(first) = chunks.first() {
             fetch(self, first, cur)?;

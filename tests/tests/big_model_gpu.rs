@@ -5,9 +5,10 @@
 //! [`CAP_MIB`] MiB (`ZERO_GPUSIM_MEMORY_MIB`), so any allocation past the cap fails the
 //! run. Each rank ends with the host engine's bits (four threads over the host group, the
 //! same config), and its device's peak use (the default memory pool's high-water mark)
-//! stays within item 2's budget: the engine's device buffers at rest (its partitions and
-//! gradient buckets, from the memory report) plus the most it gathered at once, plus
-//! [`SLACK`] for the engine's scalars and kernel scratch.
+//! stays within item 2's budget: the engine's bound from its memory report
+//! (`device_bound`: its buffers at rest, the most it gathered at once and what those
+//! gathers hold while they run), plus what this test's trainer holds ([`TRAINER`]) and
+//! [`SLACK`] for the engine's scalars.
 //!
 //! Gradients are a fixed function of the gathered parameters (no forward model), so a
 //! wrong gather, reduction or update shows in the bits. Runs where four GPUs and NCCL are
@@ -35,18 +36,18 @@ const WIDTH: usize = 256;
 /// the offloaded optimizer: with it on the device the rank would not fit.
 const CAP_MIB: u64 = 3;
 const STEPS: usize = 2;
-/// Beyond the engine's report: its device scalars (overflow flag, norms) and the pool's
-/// rounding, and the caller's reading of one gathered bucket (`params_f32` widens the
-/// 64 Ki-element bucket to f32 on the device: 256 KiB; a model's forward would hold its
-/// activations there).
-const SLACK: u64 = (64 << 10) + 4 * 65536;
-/// What the gathers cost at their peak, in multiples of the most the report counts
-/// gathered at once (`peak_gathered`, at most `stage3_max_live_parameters`): the gathered
-/// buckets, the partitions copied as their inputs, and transient copies the report does
-/// not itemize yet. Measured on the stand-in (2026-11-29: 0.94 MiB above the at-rest
-/// figure at the peak, of which the report names 0.26 MiB gathered and the reading 0.38
-/// MiB), not derived: itemizing the rest is open (issue 48, item 2).
-const TRANSIENT: u64 = 3;
+/// Beyond the engine's bound (`MemoryReport::device_bound`: its buffers at rest, the most
+/// gathered at once, their partitions as the gathers' inputs, one released bucket whose
+/// stream-ordered free has not run): what this test's trainer holds on the device, the
+/// f32 copies of the convenience path (`params_f32` and `add_grads_f32` widen one
+/// `[WIDTH, WIDTH]` weight to f32 on the device; reading then writing a gradient holds
+/// two, the first one's free still queued), and 64 KiB for the engine's device scalars
+/// (overflow flag, norms) and the pool's rounding. Traced on the stand-in (2026-11-29,
+/// every pool allocation and free of rank 0): at the peak the pool held two gathered
+/// buckets and a third whose free was queued, one partition as a gather's input, the
+/// gradient staging at rest and the two f32 copies.
+const TRAINER: u64 = 2 * 4 * (WIDTH * WIDTH) as u64;
+const SLACK: u64 = 64 << 10;
 
 fn modules() -> Vec<ModuleSpec> {
     (0..MODULES)
@@ -178,15 +179,15 @@ fn big_model_rank_child() {
     .expect("GPU engine");
     let bits = train(&mut e);
     let r = e.memory_report();
-    let budget =
-        (r.device_total() - r.gathered) as u64 + TRANSIENT * r.peak_gathered as u64 + SLACK;
+    let budget = r.device_bound as u64 + TRAINER + SLACK;
     let peak = gpu.pool_peak_bytes().expect("peak");
     println!(
-        "RANK {rank} BITS {bits:016x} PEAK {peak} BUDGET {budget} DEVICE_GRADS {} HOST_GRADS {} ({} B at rest, {} B gathered at most)",
+        "RANK {rank} BITS {bits:016x} PEAK {peak} BUDGET {budget} DEVICE_GRADS {} HOST_GRADS {} ({} B at rest, {} B gathered at most, engine bound {} B)",
         r.grads + r.grad_accum,
         r.host.grads + r.host.grad_accum,
         r.device_total() - r.gathered,
-        r.peak_gathered
+        r.peak_gathered,
+        r.device_bound
     );
 }
 

@@ -271,11 +271,40 @@ fn gradient_partitions_live_beside_the_offloaded_optimizer() {
                 &train(&cfg, seed, accum, None),
             );
             let data = dataset(seed, WORLD * 2 * accum);
-            let reports = run_ranks(WORLD, &cfg, seed, |e| {
-                train_step(e, &data, 0, None).expect("step");
-                e.memory_report()
-            });
+            // A trainer that declares every module ready at the end of its backward
+            // (the first backward of a front end that cannot tell earlier) issues every
+            // reduction at once: the most a step keeps in flight.
+            let report = |cfg: &str| {
+                run_ranks(WORLD, cfg, seed, |e| {
+                    train_step(e, &data, 0, None).expect("step");
+                    for m in (0..3).rev() {
+                        e.fetch(m).expect("fetch");
+                        let n: Vec<usize> =
+                            e.modules()[m].params.iter().map(|p| p.numel()).collect();
+                        let g: Vec<Vec<f32>> = n.iter().map(|&k| vec![1e-3; k]).collect();
+                        let g: Vec<&[f32]> = g.iter().map(|v| &v[..]).collect();
+                        e.add_grads_f32(m, &g).expect("gradients");
+                        e.release(m).expect("release");
+                    }
+                    for m in (0..3).rev() {
+                        e.grads_ready(m).expect("grads_ready");
+                    }
+                    // (A shard in flight is not in the report: count it back.)
+                    e.wait_collectives().expect("reductions");
+                    e.memory_report()
+                })
+            };
+            let (reports, on_device) = (report(&cfg), report(&base));
             for (rank, r) in reports.iter().enumerate() {
+                // The reductions' outputs on the device stay a few buckets' partitions
+                // (overlap_comm is on): less than the partition they no longer hold.
+                let d = on_device[rank];
+                assert!(
+                    r.buckets + r.grads + r.grad_accum < d.buckets + d.grads + d.grad_accum,
+                    "{ctx}: rank {rank}: the device holds {} B of gradients and buckets with the optimizer offloaded, {} B without",
+                    r.buckets + r.grads + r.grad_accum,
+                    d.buckets + d.grads + d.grad_accum
+                );
                 let owned = r.padded_numel / WORLD;
                 assert_eq!((r.grads, r.grad_accum), (0, 0), "{ctx}: rank {rank}: {r:?}");
                 let want = if sum_in == "fp32" && accum > 1 {

@@ -602,6 +602,7 @@ impl NativeEngine {
         d.set_item("device_total", r.device_total())?;
         d.set_item("allocator_used", r.allocator_used.unwrap_or(0))?;
         d.set_item("allocator_peak", r.allocator_peak.unwrap_or(0))?;
+        d.set_item("device_bound", r.device_bound)?;
         Ok(d)
     }
 

@@ -17,6 +17,11 @@
 //!
 //! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
 //! for only when its buffers are needed again, or at `step()`.
+//!
+//! With `offload_optimizer` at stages 2–3 the reduced partition lives in host memory
+//! (`offload::HostGrads`): each reduce-scatter writes a recycled scratch output that
+//! crosses there when the reduction is finished, and at most [`HOST_INFLIGHT`] are in
+//! flight, so the device holds a few partitions of a bucket, not the rank's partition.
 
 use super::{Dest, Engine, Reduction};
 use crate::device::Device;
@@ -24,6 +29,10 @@ use crate::EngineError;
 use std::time::Instant;
 use zero_comm::{Communicator, Completion, ReduceOp};
 use zero_kernels::DType;
+
+/// Reductions into host partitions (`offload_optimizer` at stages 2–3) left in flight at
+/// once with `overlap_comm`: one crossing while the next reduces.
+const HOST_INFLIGHT: usize = 2;
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Makes sure module `m`'s buckets have gradient buffers (called before the trainer
@@ -248,6 +257,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 // the gradients' dtype, the window's first is copied and the later added.
                 let add = self.accumulates_apart() || (self.sums_in_shard() && later);
                 self.buckets[b].shard_fresh = false;
+                // Each reduction in flight holds a scratch output on the device until it
+                // crosses: at most HOST_INFLIGHT at once, or the outputs of a whole
+                // backward would add up to the partition the host now holds.
+                while self.inflight.len() >= HOST_INFLIGHT {
+                    self.finish_oldest()?;
+                }
                 (Dest::Host { add }, self.take_scratch(part)?)
             } else if self.sums_in_shard() && later {
                 (Dest::AddToShard, self.take_scratch(part)?)

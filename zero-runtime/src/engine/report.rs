@@ -114,6 +114,15 @@ pub struct MemoryReport {
     /// The most [`allocator_used`](Self::allocator_used) ever was in this process (CUDA:
     /// the default pool's high-water mark; `None` on the host): a run's peak.
     pub allocator_peak: Option<usize>,
+    /// Issue 48 item 2's bound on the engine's device memory at any moment of a step,
+    /// the first included: the buffers at rest ([`device_total`](Self::device_total) less
+    /// [`gathered`](Self::gathered)), plus the most gathered at once
+    /// ([`peak_gathered`](Self::peak_gathered), at most `stage3_max_live_parameters`),
+    /// plus their partitions copied as the all-gathers' inputs (`peak_gathered / N`),
+    /// plus one gathered bucket whose release the stream has not reached yet (a freed
+    /// buffer returns to the pool when the device runs the free, in stream order). What a
+    /// trainer holds (activations, its own copies) comes on top.
+    pub device_bound: usize,
 }
 
 impl MemoryReport {
@@ -289,6 +298,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.buckets = (self.pool_allocated + self.scratch_allocated) * p;
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
+        let largest_gathered = (0..self.plan.buckets.len())
+            .filter(|&b| self.params_sharded(b))
+            .map(|b| self.plan.buckets[b].layout.total_len())
+            .max()
+            .unwrap_or(0);
         r.frozen += size(&self.frozen);
         r.comm = self.comm.held_bytes();
         r.allocator_used = self.dev.allocator_used();
@@ -299,6 +313,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let Some(tier) = &self.param_tier {
             tier.report(&mut r.host, &mut r.nvme);
         }
+        r.device_bound = r.device_total() - r.gathered
+            + r.peak_gathered
+            + r.peak_gathered / self.world
+            + largest_gathered * p;
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();
         let (psi, n) = (r.padded_numel, self.world);

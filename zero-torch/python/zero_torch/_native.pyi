@@ -48,6 +48,7 @@ class MemoryReport(TypedDict):
     device_total: int
     allocator_used: int
     allocator_peak: int
+    device_bound: int
 
 class CommReport(TypedDict):
     """Elements this rank sent in the last step, by purpose, and the theory's count."""

@@ -457,7 +457,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         two agree, which ``test_cuda.py`` checks. ``allocator_peak`` is the most that pool
         ever held at once in this process (the driver's high-water mark; 0 on the CPU): a
         run's peak of zero's device memory, beside torch's
-        ``torch.cuda.max_memory_allocated``."""
+        ``torch.cuda.max_memory_allocated``. ``device_bound`` is the engine's bound on that
+        peak (its buffers at rest, the most gathered at once, their partitions as the
+        gathers' inputs, and one released bucket whose stream-ordered free has not run);
+        what the script holds comes on top."""
         r = dict(self._native.memory_report())
         r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
         on_gpu = self.device.type == "cuda"

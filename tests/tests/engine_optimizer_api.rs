@@ -309,18 +309,21 @@ fn a_reopened_micro_step_adds_the_next_pass_in_every_stage() {
             for stage in 0..=3u8 {
                 let cfg = mlp_config(stage, precision, accum, 0.5, stage == 2);
                 // Two passes per micro-step (the second reopens it) ...
-                let reopened = run_ranks(world, &cfg, s, |e| {
-                    for st in 0..steps {
-                        for k in 0..accum {
-                            let r = e.rank();
-                            pass(e, &data[half(st, k, r, 0)], None);
-                            e.reopen_micro_step().unwrap();
-                            pass(e, &data[half(st, k, r, 1)], None);
+                let reopen = |cfg: &str| {
+                    run_ranks(world, cfg, s, |e| {
+                        for st in 0..steps {
+                            for k in 0..accum {
+                                let r = e.rank();
+                                pass(e, &data[half(st, k, r, 0)], None);
+                                e.reopen_micro_step().unwrap();
+                                pass(e, &data[half(st, k, r, 1)], None);
+                            }
+                            assert!(!e.step().unwrap().skipped);
                         }
-                        assert!(!e.step().unwrap().skipped);
-                    }
-                    full_params(e).unwrap()
-                });
+                        full_params(e).unwrap()
+                    })
+                };
+                let reopened = reopen(&cfg);
                 // ... against one pass that adds both gradients.
                 let together = run_ranks(world, &cfg, s, |e| {
                     for st in 0..steps {
@@ -351,18 +354,7 @@ fn a_reopened_micro_step_adds_the_next_pass_in_every_stage() {
                         &serde_json::json!({"device": "cpu"}),
                         None,
                     );
-                    let off = run_ranks(world, &offloaded, s, |e| {
-                        for st in 0..steps {
-                            for k in 0..accum {
-                                let r = e.rank();
-                                pass(e, &data[half(st, k, r, 0)], None);
-                                e.reopen_micro_step().unwrap();
-                                pass(e, &data[half(st, k, r, 1)], None);
-                            }
-                            e.step().unwrap();
-                        }
-                        full_params(e).unwrap()
-                    });
+                    let off = reopen(&offloaded);
                     assert!(
                         bits(&off[0]) == bits(&reopened[0]),
                         "{precision} accum {accum} stage {stage}: reopened with the optimizer offloaded differs"

@@ -21,7 +21,10 @@
 //! With `offload_optimizer` at stages 2–3 the reduced partition lives in host memory
 //! (`offload::HostGrads`): each reduce-scatter writes a recycled scratch output that
 //! crosses there when the reduction is finished, and at most [`HOST_INFLIGHT`] are in
-//! flight, so the device holds a few partitions of a bucket, not the rank's partition.
+//! flight. The outputs are kept per partition length: with buckets of one size (a model
+//! cut by `reduce_bucket_size`) the device holds a few bucket partitions, not the rank's
+//! partition; a model whose buckets all differ in length keeps one per length (at most
+//! the partition, as before it crossed).
 
 use super::{Dest, Engine, Reduction};
 use crate::device::Device;

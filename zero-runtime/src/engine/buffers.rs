@@ -28,8 +28,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 let state = &self.buckets[bucket];
                 let buf = if self.params_sharded(bucket) {
                     state
-                        .gathered
-                        .as_ref()
+                        .gather
+                        .ready()
                         .ok_or_else(|| EngineError::NotFetched(module.name.clone()))?
                 } else {
                     state
@@ -107,7 +107,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut out: Vec<&C::Buffer> = self
             .buckets
             .iter()
-            .flat_map(|s| s.params.iter().chain(s.gathered.iter()))
+            .flat_map(|s| s.params.iter().chain(s.gather.ready()))
             .collect();
         out.push(&self.frozen);
         out

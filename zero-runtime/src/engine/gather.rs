@@ -163,8 +163,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     fn issue_gather(&mut self, b: usize) -> Result<(), EngineError> {
-        let state = &self.buckets[b];
-        if state.gathered.is_some() || state.gathering.is_some() {
+        if !self.buckets[b].gather.is_idle() {
             return Ok(());
         }
         let (part, total) = (
@@ -178,22 +177,18 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             |c| &mut c.param_gather,
             |comm| comm.all_gather(input, output),
         )?;
-        self.buckets[b].gathering = Some(work);
+        self.buckets[b].gather.start(work);
         self.live_gathered += total;
         self.peak_gathered = self.peak_gathered.max(self.live_gathered);
         Ok(())
     }
 
     fn wait_gather(&mut self, b: usize) -> Result<(), EngineError> {
-        if let Some(work) = self.buckets[b].gathering.take() {
-            let (_, full) = work.wait()?;
-            self.buckets[b].gathered = Some(full);
-        }
-        Ok(())
+        Ok(self.buckets[b].gather.wait()?)
     }
 
     fn free_gathered(&mut self, b: usize) {
-        if self.buckets[b].gathered.take().is_some() {
+        if self.buckets[b].gather.release() {
             self.live_gathered -= self.plan.buckets[b].layout.total_len();
         }
     }
@@ -219,7 +214,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 upcoming
                     .iter()
                     .copied()
-                    .filter(|&b| buckets[b].gathered.is_none() && buckets[b].gathering.is_none()),
+                    .filter(|&b| buckets[b].gather.is_idle()),
             )?;
         }
         Ok(())
@@ -247,8 +242,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             seen.push(b);
             let total = self.plan.buckets[b].layout.total_len();
             ahead += total as u64;
-            let state = &self.buckets[b];
-            if state.gathered.is_some() || state.gathering.is_some() {
+            if !self.buckets[b].gather.is_idle() {
                 continue;
             }
             if (self.live_gathered + total) as u64 > max_live {

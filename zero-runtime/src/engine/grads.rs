@@ -247,6 +247,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     bucket: b,
                     work,
                     dest: Dest::Shard,
+                    cap: 0, // (stage 1's whole-bucket buffer, not pooled)
                 }
             }
         } else {
@@ -289,6 +290,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 bucket: b,
                 work,
                 dest,
+                cap: self.staging_cap[b],
             }
         };
         self.inflight.push_back(reduction);
@@ -336,7 +338,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Reduction::AllReduce { bucket, work } => {
                 self.buckets[bucket].grads = Some(work.wait()?);
             }
-            Reduction::ReduceScatter { bucket, work, dest } => {
+            Reduction::ReduceScatter {
+                bucket,
+                work,
+                dest,
+                cap,
+            } => {
                 let (mut input, output) = work.wait()?;
                 let part = self.plan.buckets[bucket].layout.partition_len();
                 if let Dest::Host { add } = dest {
@@ -349,7 +356,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         })?;
                     host.receive(&self.dev, bucket, &output, add)?;
                     self.scratch.push(output);
-                    self.pool.push((input, self.staging_cap[bucket]));
+                    self.pool.push((input, cap));
                 } else if dest == Dest::AddToShard {
                     // (An earlier reduction into this shard was queued first, so it is back.)
                     let shard = self.buckets[bucket]
@@ -358,13 +365,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
                     self.dev.accumulate(shard, 0, &output, 0..part)?;
                     self.scratch.push(output);
-                    self.pool.push((input, self.staging_cap[bucket]));
+                    self.pool.push((input, cap));
                 } else if self.policy.shards_gradients() {
                     if let Some(accum) = self.buckets[bucket].accum.as_mut() {
                         self.dev.accumulate(accum, 0, &output, 0..part)?;
                     }
                     self.buckets[bucket].grad_shard = Some(output);
-                    self.pool.push((input, self.staging_cap[bucket]));
+                    self.pool.push((input, cap));
                 } else {
                     // Stage 1: the reduced partition goes back into the whole-bucket buffer.
                     let start = self.plan.buckets[bucket]

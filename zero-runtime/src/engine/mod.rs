@@ -17,6 +17,7 @@
 mod buffers;
 mod checkpoint;
 mod gather;
+mod gather_state;
 mod grads;
 mod groups;
 mod held;
@@ -93,9 +94,8 @@ struct BucketState<B, W2> {
     opt: AdamState<B>,
     /// Modules of this bucket whose gradients are not ready yet in this micro-step.
     pending: usize,
-    /// Stage 3: the gathered whole bucket, and an all-gather in flight.
-    gathered: Option<B>,
-    gathering: Option<W2>,
+    /// Stage 3: only the partition, an all-gather in flight, or the whole bucket.
+    gather: gather_state::Gather<B, W2>,
 }
 
 impl<B, W2> BucketState<B, W2> {
@@ -116,16 +116,25 @@ impl<B, W2> BucketState<B, W2> {
                 exp_avg_sq: dev.zeros(DType::F32, 0)?,
             },
             pending: 0,
-            gathered: None,
-            gathering: None,
+            gather: gather_state::Gather::Idle,
         })
     }
 }
 
 /// A reduction in flight.
 enum Reduction<W1, W2> {
-    AllReduce { bucket: usize, work: W1 },
-    ReduceScatter { bucket: usize, work: W2, dest: Dest },
+    AllReduce {
+        bucket: usize,
+        work: W1,
+    },
+    /// `cap`: the capacity of its input, a pooled staging buffer at stages 2–3 (read when
+    /// it is issued: the bucket may take another staging buffer before this one is back).
+    ReduceScatter {
+        bucket: usize,
+        work: W2,
+        dest: Dest,
+        cap: usize,
+    },
 }
 
 /// Where a reduce-scatter's output goes when it finishes.
@@ -325,8 +334,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     exp_avg_sq: dev.zeros(DType::F32, owned)?,
                 },
                 pending: b.modules.len(),
-                gathered: None,
-                gathering: None,
+                gather: gather_state::Gather::Idle,
             });
         }
         let mut first_param = Vec::with_capacity(modules.len());

@@ -120,8 +120,12 @@ pub struct MemoryReport {
     /// ([`peak_gathered`](Self::peak_gathered), at most `stage3_max_live_parameters`),
     /// plus their partitions copied as the all-gathers' inputs (`peak_gathered / N`),
     /// plus one gathered bucket whose release the stream has not reached yet (a freed
-    /// buffer returns to the pool when the device runs the free, in stream order). What a
-    /// trainer holds (activations, its own copies) comes on top.
+    /// buffer returns to the pool when the device runs the free, in stream order), plus
+    /// the inputs of the all-gathers after a step (the partitions of the buckets kept
+    /// whole: stages 1–2, stage 3's persistent ones) and stage 1's reduce-scatter outputs
+    /// (its partition). What a trainer holds (activations, its own copies) comes on top.
+    /// Checked against the pool's high-water mark at stage 3 (`big_model_gpu.rs` on the
+    /// stand-in).
     pub device_bound: usize,
 }
 
@@ -313,10 +317,30 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let Some(tier) = &self.param_tier {
             tier.report(&mut r.host, &mut r.nvme);
         }
+        let partitions = |keep: &dyn Fn(usize) -> bool| -> usize {
+            self.trainable_range()
+                .filter(|&b| keep(b))
+                .map(|b| self.plan.buckets[b].layout.partition_len())
+                .sum()
+        };
+        // After the step, the buckets kept whole (stages 1–2, stage 3's persistent ones)
+        // all-gather their updated partitions, each from an input of its own, all issued
+        // before the first is waited for; stage 1 reduce-scatters each bucket into an
+        // output of its own, all in flight at once with overlap_comm.
+        let step_inputs = if self.policy.shards_optimizer() {
+            partitions(&|b| !self.params_sharded(b))
+        } else {
+            0
+        };
+        let stage1_outputs = if self.policy.stage == 1 {
+            partitions(&|_| true)
+        } else {
+            0
+        };
         r.device_bound = r.device_total() - r.gathered
             + r.peak_gathered
             + r.peak_gathered / self.world
-            + largest_gathered * p;
+            + (largest_gathered + step_inputs + stage1_outputs) * p;
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();
         let (psi, n) = (r.padded_numel, self.world);

@@ -216,12 +216,33 @@ pub fn default_pool_peak(device: cudarc::driver::sys::CUdevice) -> Result<u64, S
     )
 }
 
-/// One 64-bit attribute of `device`'s default memory pool.
-fn default_pool_attribute(
+/// Resets [`default_pool_peak`] to the bytes in use now (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`
+/// set to 0, the only value the driver takes): a test measures one run's peak from there.
+pub fn default_pool_reset_peak(device: cudarc::driver::sys::CUdevice) -> Result<(), String> {
+    use cudarc::driver::sys;
+    let pool = default_pool(device)?;
+    let mut zero: u64 = 0;
+    // SAFETY: USED_MEM_HIGH reads one cuuint64_t from `zero`, a live u64; the pool handle
+    // is the device's default pool, which lives as long as the device's context.
+    let rc = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            (&mut zero as *mut u64).cast(),
+        )
+    };
+    if rc != sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(format!(
+            "resetting the peak of device {device}'s default memory pool: {rc:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// `device`'s default memory pool (the driver opened first).
+fn default_pool(
     device: cudarc::driver::sys::CUdevice,
-    attribute: cudarc::driver::sys::CUmemPool_attribute,
-    what: &str,
-) -> Result<u64, String> {
+) -> Result<cudarc::driver::sys::CUmemoryPool, String> {
     use cudarc::driver::sys;
     library().map_err(|e| e.to_string())?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -233,6 +254,17 @@ fn default_pool_attribute(
             "reading device {device}'s default memory pool: {rc:?}"
         ));
     }
+    Ok(pool)
+}
+
+/// One 64-bit attribute of `device`'s default memory pool.
+fn default_pool_attribute(
+    device: cudarc::driver::sys::CUdevice,
+    attribute: cudarc::driver::sys::CUmemPool_attribute,
+    what: &str,
+) -> Result<u64, String> {
+    use cudarc::driver::sys;
+    let pool = default_pool(device)?;
     let mut value: u64 = 0;
     // SAFETY: the USED_MEM_CURRENT and USED_MEM_HIGH attributes (the only ones callers
     // pass) write one cuuint64_t to `value`, here a live u64; the pool handle is the

@@ -179,6 +179,18 @@ impl Gpu {
         self.pool_figure(zero_sys::driver::default_pool_peak)
     }
 
+    /// Resets [`Gpu::pool_peak_bytes`] to the bytes in use now, after the queued work ran
+    /// (a test measures one run's peak from there).
+    pub fn reset_pool_peak(&self) -> Result<(), GpuError> {
+        self.ctx.synchronize().map_err(driver("synchronize"))?;
+        zero_sys::driver::default_pool_reset_peak(self.ctx.cu_device()).map_err(|message| {
+            GpuError::Driver {
+                context: "memory pool",
+                message,
+            }
+        })
+    }
+
     /// One figure of the default memory pool, `read` after the queued work ran.
     fn pool_figure(
         &self,

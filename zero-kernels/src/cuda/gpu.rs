@@ -182,22 +182,17 @@ impl Gpu {
     /// Resets [`Gpu::pool_peak_bytes`] to the bytes in use now, after the queued work ran
     /// (a test measures one run's peak from there).
     pub fn reset_pool_peak(&self) -> Result<(), GpuError> {
-        self.ctx.synchronize().map_err(driver("synchronize"))?;
-        zero_sys::driver::default_pool_reset_peak(self.ctx.cu_device()).map_err(|message| {
-            GpuError::Driver {
-                context: "memory pool",
-                message,
-            }
-        })
+        self.pool_figure(zero_sys::driver::default_pool_reset_peak)
     }
 
-    /// One figure of the default memory pool, `read` after the queued work ran.
-    fn pool_figure(
+    /// `call` on the default memory pool (read a figure, or reset one) after the queued
+    /// work ran.
+    fn pool_figure<T>(
         &self,
-        read: fn(zero_sys::cudarc::driver::sys::CUdevice) -> Result<u64, String>,
-    ) -> Result<u64, GpuError> {
+        call: fn(zero_sys::cudarc::driver::sys::CUdevice) -> Result<T, String>,
+    ) -> Result<T, GpuError> {
         self.ctx.synchronize().map_err(driver("synchronize"))?;
-        read(self.ctx.cu_device()).map_err(|message| GpuError::Driver {
+        call(self.ctx.cu_device()).map_err(|message| GpuError::Driver {
             context: "memory pool",
             message,
         })

@@ -212,11 +212,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<(), EngineError> {
         let b = g.bucket;
         let runs = self.adam_runs(b);
-        let grange = match host {
-            Some(_) => 0..0,
-            None => self.step_grads(b)?.1,
-        };
-        let from = grange.start + g.range.start;
+        // Where the sub-group starts in what the step reads: a host partition holds only
+        // the rank's range; a device buffer may hold more (stage 1's whole bucket).
+        let from = g.range.start
+            + match host {
+                Some(_) => 0,
+                None => self.step_grads(b)?.1.start,
+            };
         let chunk = params.len().max(1);
         let chunks: Vec<std::ops::Range<usize>> = (0..g.range.len())
             .step_by(chunk)

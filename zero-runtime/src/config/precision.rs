@@ -1,0 +1,182 @@
+//! The `fp16`, `bf16` and `data_types` sections: the training precision, its loss
+//! scaling, and the dtype gradients are summed in.
+
+use super::json::Obj;
+use super::ConfigError;
+use serde_json::{json, Value};
+
+/// Training precision of parameters and gradients (master weights are always fp32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Precision {
+    /// Everything fp32.
+    Fp32,
+    /// fp16 parameters and gradients with loss scaling.
+    Fp16(LossScaleConfig),
+    /// bf16 parameters and gradients, no loss scaling.
+    Bf16,
+}
+
+impl Precision {
+    /// The training dtype as DeepSpeed's configs name it: `fp32`, `fp16` or `bf16`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16(_) => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `data_types.grad_accum_dtype`: what the gradients of a window's micro-steps are summed
+/// in, before the optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradAccumDtype {
+    /// The training dtype (DeepSpeed's default, the key absent or naming it): 16-bit
+    /// gradients are summed in 16 bits, each addition rounded once, as torch adds into a
+    /// 16-bit `.grad`; fp32 ones in fp32.
+    Model,
+    /// fp32 whatever the training dtype (`"fp32"` with fp16 or bf16): 4 more bytes per
+    /// summed element, one rounding per window.
+    Fp32,
+}
+
+/// The `fp16` section.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScaleConfig {
+    /// `loss_scale`: 0 means dynamic.
+    pub loss_scale: f64,
+    /// `initial_scale_power`: the dynamic scale starts at 2^this.
+    pub initial_scale_power: u32,
+    /// `loss_scale_window`: good steps before the scale doubles.
+    pub loss_scale_window: u64,
+    /// `hysteresis`: overflows tolerated before the scale halves.
+    pub hysteresis: u64,
+    /// `consecutive_hysteresis`: refill hysteresis on every good step.
+    pub consecutive_hysteresis: bool,
+    /// `min_loss_scale`.
+    pub min_loss_scale: f64,
+}
+
+/// The `data_types` section: `grad_accum_dtype` (names as DeepSpeed's `DtypeEnum` takes
+/// them) and `param_dtype` when it names the training dtype, as DeepSpeed requires.
+pub(super) fn grad_accum_dtype(
+    top: &Obj,
+    precision: Precision,
+) -> Result<GradAccumDtype, ConfigError> {
+    let empty = json!({});
+    let o = Obj::new(
+        "data_types",
+        top.get("data_types").unwrap_or(&empty),
+        &["grad_accum_dtype", "param_dtype"],
+        &[
+            ("buffer_dtype", Value::Null),
+            ("keep_in_fp32_modules", json!("auto")),
+        ],
+    )?;
+    let training = precision.name();
+    let parse = |key: &str| -> Result<Option<&'static str>, ConfigError> {
+        let Some(v) = o.str(key)? else {
+            return Ok(None);
+        };
+        let name = v.strip_prefix("torch.").unwrap_or(v);
+        Ok(Some(match name {
+            "fp32" | "float32" | "float" => "fp32",
+            "fp16" | "float16" | "half" => "fp16",
+            "bf16" | "bfloat16" => "bf16",
+            _ => {
+                return Err(o.invalid(
+                    key,
+                    &format!("`{v}`: expected fp32, fp16 or bf16 (or torch's names for them)"),
+                ))
+            }
+        }))
+    };
+    if let Some(p) = parse("param_dtype")? {
+        if p != training {
+            return Err(o.invalid(
+                "param_dtype",
+                &format!(
+                    "`{p}` differs from the training dtype ({training}), as DeepSpeed refuses"
+                ),
+            ));
+        }
+    }
+    match parse("grad_accum_dtype")? {
+        None => Ok(GradAccumDtype::Model),
+        Some(a) if a == training => Ok(GradAccumDtype::Model),
+        Some("fp32") => Ok(GradAccumDtype::Fp32),
+        Some(a) => Err(ConfigError::Unsupported {
+            key: "data_types.grad_accum_dtype".into(),
+            reason: format!(
+                "`{a}` with {training} training: gradients are summed in the training dtype or in fp32"
+            ),
+        }),
+    }
+}
+
+pub(super) fn precision(top: &Obj) -> Result<Precision, ConfigError> {
+    let enabled = |key: &str,
+                   known: &[&str],
+                   unsupported: &[(&str, Value)]|
+     -> Result<Option<Obj>, ConfigError> {
+        match top.get(key) {
+            None => Ok(None),
+            Some(v) => {
+                let o = Obj::new(key, v, known, unsupported)?;
+                Ok(o.bool_or("enabled", false)?.then_some(o))
+            }
+        }
+    };
+    let fp16 = enabled(
+        "fp16",
+        &[
+            "enabled",
+            "loss_scale",
+            "initial_scale_power",
+            "loss_scale_window",
+            "hysteresis",
+            "consecutive_hysteresis",
+            "min_loss_scale",
+        ],
+        &[
+            ("auto_cast", json!(false)),
+            ("fp16_master_weights_and_grads", json!(false)),
+        ],
+    )?;
+    let bf16 = enabled(
+        "bf16",
+        &["enabled", "check_grad_overflow"],
+        &[
+            ("bf16_master_weights_and_grads", json!(false)),
+            ("bf16_optimizer_states", json!(false)),
+            ("immediate_grad_update", json!(false)),
+        ],
+    )?;
+    match (fp16, bf16) {
+        (Some(_), Some(_)) => Err(ConfigError::Inconsistent(
+            "fp16 and bf16 are both enabled".into(),
+        )),
+        (None, Some(_)) => Ok(Precision::Bf16),
+        (None, None) => Ok(Precision::Fp32),
+        (Some(o), None) => {
+            let cfg = LossScaleConfig {
+                loss_scale: o.f64_or("loss_scale", 0.0)?,
+                initial_scale_power: o.count_or("initial_scale_power", 16)?.min(127) as u32,
+                loss_scale_window: o.count_or("loss_scale_window", 1000)?.max(1),
+                hysteresis: o.count_or("hysteresis", 2)?.max(1),
+                consecutive_hysteresis: o.bool_or("consecutive_hysteresis", false)?,
+                min_loss_scale: o.f64_or("min_loss_scale", 1.0)?,
+            };
+            if cfg.loss_scale < 0.0 || !cfg.loss_scale.is_finite() {
+                return Err(o.invalid(
+                    "loss_scale",
+                    "must be 0 (dynamic) or a positive static scale",
+                ));
+            }
+            if cfg.min_loss_scale <= 0.0 || cfg.min_loss_scale.is_nan() {
+                return Err(o.invalid("min_loss_scale", "must be > 0"));
+            }
+            Ok(Precision::Fp16(cfg))
+        }
+    }
+}

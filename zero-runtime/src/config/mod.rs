@@ -13,12 +13,16 @@
 mod batch;
 mod checkpoint;
 mod compat;
+#[cfg(test)]
+mod doc_table;
 mod error;
 mod json;
+mod keys;
 mod offload;
 mod optimizer;
 mod precision;
 mod scheduler;
+mod zero_keys;
 mod zero_optimization;
 
 pub use checkpoint::{CheckpointConfig, TagValidation};

@@ -3,6 +3,9 @@
 //! (`deepspeed/runtime/zero/offload_config.py`, `deepspeed/runtime/swap_tensor/aio_config.py`).
 
 use super::json::Obj;
+use super::zero_keys::{
+    CPU_OFFLOAD, CPU_OFFLOAD_PARAM, CPU_OFFLOAD_USE_PIN_MEMORY, OFFLOAD_OPTIMIZER, OFFLOAD_PARAM,
+};
 use super::ConfigError;
 use serde_json::json;
 use std::path::PathBuf;
@@ -152,11 +155,11 @@ pub(super) fn offload_optimizer(
     if let Some(pin) = legacy.pin_memory {
         cfg.pin_memory = pin;
     }
-    let Some(v) = zero.get("offload_optimizer") else {
+    let Some(v) = zero.get(OFFLOAD_OPTIMIZER.name) else {
         return Ok(cfg);
     };
     let o = Obj::new(
-        &zero.path("offload_optimizer"),
+        &zero.path(OFFLOAD_OPTIMIZER.name),
         v,
         &[
             "device",
@@ -200,11 +203,11 @@ pub(super) fn offload_param(
     if let Some(pin) = legacy.pin_memory {
         cfg.pin_memory = pin;
     }
-    let Some(v) = zero.get("offload_param") else {
+    let Some(v) = zero.get(OFFLOAD_PARAM.name) else {
         return Ok(cfg);
     };
     let o = Obj::new(
-        &zero.path("offload_param"),
+        &zero.path(OFFLOAD_PARAM.name),
         v,
         &[
             "device",
@@ -239,17 +242,21 @@ impl Legacy {
     /// Reads them, noting each mapping in `notes`.
     pub(super) fn read(zero: &Obj, notes: &mut Vec<String>) -> Result<Self, ConfigError> {
         let legacy = Legacy {
-            cpu_offload: zero.bool_or("cpu_offload", false)?,
-            cpu_offload_param: zero.bool_or("cpu_offload_param", false)?,
-            pin_memory: match zero.get("cpu_offload_use_pin_memory") {
+            cpu_offload: zero.bool_or(CPU_OFFLOAD.name, const { CPU_OFFLOAD.flag() })?,
+            cpu_offload_param: zero
+                .bool_or(CPU_OFFLOAD_PARAM.name, const { CPU_OFFLOAD_PARAM.flag() })?,
+            pin_memory: match zero.get(CPU_OFFLOAD_USE_PIN_MEMORY.name) {
                 None => None,
-                Some(_) => Some(zero.bool_or("cpu_offload_use_pin_memory", false)?),
+                Some(_) => Some(zero.bool_or(
+                    CPU_OFFLOAD_USE_PIN_MEMORY.name,
+                    const { CPU_OFFLOAD_USE_PIN_MEMORY.flag() },
+                )?),
             },
         };
         for (key, new) in [
-            ("cpu_offload", "offload_optimizer.device = \"cpu\""),
-            ("cpu_offload_param", "offload_param.device = \"cpu\""),
-            ("cpu_offload_use_pin_memory", "offload_*.pin_memory"),
+            (CPU_OFFLOAD.name, "offload_optimizer.device = \"cpu\""),
+            (CPU_OFFLOAD_PARAM.name, "offload_param.device = \"cpu\""),
+            (CPU_OFFLOAD_USE_PIN_MEMORY.name, "offload_*.pin_memory"),
         ] {
             if zero.get(key).is_some() {
                 notes.push(format!(

@@ -2,6 +2,13 @@
 
 use super::json::Obj;
 use super::offload::{self, OffloadDevice, OffloadOptimizerConfig, OffloadParamConfig};
+use super::zero_keys::{
+    ALLGATHER_BUCKET_SIZE, ALLGATHER_PARTITIONS, CONTIGUOUS_GRADIENTS, MEMORY_EFFICIENT_LINEAR,
+    OVERLAP_COMM, REDUCE_BUCKET_SIZE, REDUCE_SCATTER, STAGE,
+    STAGE3_GATHER_16BIT_WEIGHTS_ON_MODEL_SAVE, STAGE3_MAX_LIVE_PARAMETERS,
+    STAGE3_MAX_REUSE_DISTANCE, STAGE3_PARAM_PERSISTENCE_THRESHOLD, STAGE3_PREFETCH_BUCKET_SIZE,
+    SUB_GROUP_SIZE, ZERO,
+};
 use super::ConfigError;
 use serde_json::{json, Value};
 
@@ -37,53 +44,20 @@ pub struct ZeroOptimization {
     pub offload_param: OffloadParamConfig,
 }
 
-const ZERO_KEYS: &[&str] = &[
-    "stage",
-    "overlap_comm",
-    "contiguous_gradients",
-    "reduce_scatter",
-    "reduce_bucket_size",
-    "allgather_partitions",
-    "allgather_bucket_size",
-    "stage3_prefetch_bucket_size",
-    "stage3_param_persistence_threshold",
-    "stage3_max_live_parameters",
-    "stage3_max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save",
-    "sub_group_size",
-    "offload_optimizer",
-    "offload_param",
-    "cpu_offload",
-    "cpu_offload_param",
-    "cpu_offload_use_pin_memory",
-    "memory_efficient_linear",
-];
-
 /// DeepSpeed's `zero_optimization` takes its stage-3 keys by their field names too
 /// (`prefetch_bucket_size` for `stage3_prefetch_bucket_size`, ...): read as the
 /// `stage3_` names. Both names at once is an error.
 fn stage3_aliases(section: &Value) -> Result<Value, ConfigError> {
     let mut v = section.clone();
     if let Some(map) = v.as_object_mut() {
-        for short in [
-            "prefetch_bucket_size",
-            "param_persistence_threshold",
-            "model_persistence_threshold",
-            "max_live_parameters",
-            "max_reuse_distance",
-            "gather_16bit_weights_on_model_save",
-            "module_granularity_threshold",
-            "use_all_reduce_for_fetch_params",
-            "allgather_sequential",
-        ] {
+        for (short, long) in ZERO.aliases() {
             if let Some(val) = map.remove(short) {
-                let long = format!("stage3_{short}");
-                if map.contains_key(&long) {
+                if map.contains_key(long) {
                     return Err(ConfigError::Inconsistent(format!(
                         "zero_optimization has both `{short}` and `{long}`, which name one setting"
                     )));
                 }
-                map.insert(long, val);
+                map.insert(long.into(), val);
             }
         }
     }
@@ -92,45 +66,23 @@ fn stage3_aliases(section: &Value) -> Result<Value, ConfigError> {
 
 pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimization, ConfigError> {
     let empty = json!({});
-    let unsupported = [
-        ("load_from_fp32_weights", json!(true)),
-        ("elastic_checkpoint", json!(false)),
-        ("use_multi_rank_bucket_allreduce", json!(true)),
-        ("ignore_unused_parameters", json!(true)),
-        ("round_robin_gradients", json!(false)),
-        ("legacy_stage1", json!(false)),
-        ("stage3_model_persistence_threshold", Value::Null),
-        ("stage3_module_granularity_threshold", json!(0)),
-        ("stage3_use_all_reduce_for_fetch_params", json!(false)),
-        ("stage3_allgather_sequential", json!(false)),
-        ("zero_hpz_partition_size", json!(1)),
-        ("zero_quantized_weights", json!(false)),
-        ("zero_quantized_nontrainable_weights", json!(false)),
-        ("zero_quantized_gradients", json!(false)),
-        ("mics_shard_size", json!(-1)),
-        ("mics_hierarchical_params_gather", json!(false)),
-        ("stage3_gather_fp16_weights_on_model_save", json!(false)),
-        ("compute_grad_norm", json!(true)),
-        ("zenflow", Value::Null),
-        ("parameter_alignment", json!(false)),
-        ("pipeline_loading_checkpoint", json!(false)),
-        ("override_module_apply", json!(true)),
-        ("log_trace_cache_warnings", json!(false)),
-        ("enable_sanity_checks", json!(false)),
-        ("save_muon_momentum_buffer_in_memory", json!(false)),
-        ("leaf_module", Value::Null),
-    ];
-    let section = stage3_aliases(top.get("zero_optimization").unwrap_or(&empty))?;
-    let o = Obj::new("zero_optimization", &section, ZERO_KEYS, &unsupported)?;
-    let stage = match o.count_or("stage", 0)? {
+    let section = stage3_aliases(top.get(ZERO.path).unwrap_or(&empty))?;
+    let o = Obj::new(ZERO.path, &section, &ZERO.known(), &ZERO.unsupported())?;
+    let stage = match o.count_or(STAGE.name, const { STAGE.count() })? {
         s @ 0..=3 => s as u8,
-        s => return Err(o.invalid("stage", &format!("{s}: expected 0, 1, 2 or 3"))),
+        s => return Err(o.invalid(STAGE.name, &format!("{s}: expected 0, 1, 2 or 3"))),
     };
-    for (key, default) in [("reduce_scatter", true), ("allgather_partitions", true)] {
+    for (key, default) in [
+        (REDUCE_SCATTER.name, const { REDUCE_SCATTER.flag() }),
+        (
+            ALLGATHER_PARTITIONS.name,
+            const { ALLGATHER_PARTITIONS.flag() },
+        ),
+    ] {
         if o.bool_or(key, default)? != default {
             return Err(ConfigError::Unsupported {
                 key: o.path(key),
-                reason: if key == "reduce_scatter" {
+                reason: if key == REDUCE_SCATTER.name {
                     "stages 1-3 always reduce-scatter straight into the owning rank (never all-reduce then slice)".into()
                 } else {
                     "parameters are always re-gathered with all-gather, not a series of broadcasts"
@@ -167,24 +119,26 @@ pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimizatio
     // Either value trains the same: DeepSpeed's `true` swaps F.linear for a function that
     // saves the weight instead of its transpose; zero's stage 3 always saves the parameter
     // (not the gathered view) for backward, with torch's own F.linear arithmetic.
-    o.bool_or("memory_efficient_linear", true)?;
-    let contiguous_gradients = o.bool_or("contiguous_gradients", true)?;
+    o.bool_or(
+        MEMORY_EFFICIENT_LINEAR.name,
+        const { MEMORY_EFFICIENT_LINEAR.flag() },
+    )?;
+    let contiguous_gradients = o.bool_or(
+        CONTIGUOUS_GRADIENTS.name,
+        const { CONTIGUOUS_GRADIENTS.flag() },
+    )?;
     if !contiguous_gradients {
         notes.push("zero_optimization.contiguous_gradients=false: zero always writes gradients into contiguous buckets".into());
     }
-    if o.get("allgather_bucket_size").is_some() {
+    if o.get(ALLGATHER_BUCKET_SIZE.name).is_some() {
         notes.push("zero_optimization.allgather_bucket_size: parameters are all-gathered per reduce bucket (the same units as the reduce-scatter), so this size has no further effect".into());
     }
-    if o.get("sub_group_size").is_some() && offload_optimizer.device == OffloadDevice::None {
+    if o.get(SUB_GROUP_SIZE.name).is_some() && offload_optimizer.device == OffloadDevice::None {
         notes.push("zero_optimization.sub_group_size: with the optimizer on the device it steps the owned partition in one fused pass; sub-groups matter with offload_optimizer".into());
     }
     if stage < 3 {
         // (stage3_param_persistence_threshold also shapes the bucket plan of every stage.)
-        for key in [
-            "stage3_prefetch_bucket_size",
-            "stage3_max_live_parameters",
-            "stage3_max_reuse_distance",
-        ] {
+        for key in ZERO.noted_below_stage3() {
             if o.get(key).is_some() {
                 notes.push(format!("zero_optimization.{key} applies to stage 3 only"));
             }
@@ -192,17 +146,41 @@ pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimizatio
     }
     Ok(ZeroOptimization {
         stage,
-        overlap_comm: o.bool_or("overlap_comm", stage == 3)?,
+        overlap_comm: o.bool_or(OVERLAP_COMM.name, stage == 3)?,
         contiguous_gradients,
-        reduce_bucket_size: o.count_or("reduce_bucket_size", 500_000_000)?.max(1),
-        allgather_bucket_size: o.count_or("allgather_bucket_size", 500_000_000)?,
-        prefetch_bucket_size: o.count_or("stage3_prefetch_bucket_size", 50_000_000)?,
-        param_persistence_threshold: o.count_or("stage3_param_persistence_threshold", 100_000)?,
-        max_live_parameters: o.count_or("stage3_max_live_parameters", 1_000_000_000)?,
-        max_reuse_distance: o.count_or("stage3_max_reuse_distance", 1_000_000_000)?,
-        gather_16bit_weights_on_model_save: o
-            .bool_or("stage3_gather_16bit_weights_on_model_save", false)?,
-        sub_group_size: o.count_or("sub_group_size", 1_000_000_000)?.max(1),
+        reduce_bucket_size: o
+            .count_or(
+                REDUCE_BUCKET_SIZE.name,
+                const { REDUCE_BUCKET_SIZE.count() },
+            )?
+            .max(1),
+        allgather_bucket_size: o.count_or(
+            ALLGATHER_BUCKET_SIZE.name,
+            const { ALLGATHER_BUCKET_SIZE.count() },
+        )?,
+        prefetch_bucket_size: o.count_or(
+            STAGE3_PREFETCH_BUCKET_SIZE.name,
+            const { STAGE3_PREFETCH_BUCKET_SIZE.count() },
+        )?,
+        param_persistence_threshold: o.count_or(
+            STAGE3_PARAM_PERSISTENCE_THRESHOLD.name,
+            const { STAGE3_PARAM_PERSISTENCE_THRESHOLD.count() },
+        )?,
+        max_live_parameters: o.count_or(
+            STAGE3_MAX_LIVE_PARAMETERS.name,
+            const { STAGE3_MAX_LIVE_PARAMETERS.count() },
+        )?,
+        max_reuse_distance: o.count_or(
+            STAGE3_MAX_REUSE_DISTANCE.name,
+            const { STAGE3_MAX_REUSE_DISTANCE.count() },
+        )?,
+        gather_16bit_weights_on_model_save: o.bool_or(
+            STAGE3_GATHER_16BIT_WEIGHTS_ON_MODEL_SAVE.name,
+            const { STAGE3_GATHER_16BIT_WEIGHTS_ON_MODEL_SAVE.flag() },
+        )?,
+        sub_group_size: o
+            .count_or(SUB_GROUP_SIZE.name, const { SUB_GROUP_SIZE.count() })?
+            .max(1),
         offload_optimizer,
         offload_param,
     })

@@ -1,0 +1,177 @@
+//! A config section's keys declared once: each key's name, the other name DeepSpeed takes
+//! for it, its default, where it applies, and the notes docs/CONFIG.md prints for it. The
+//! keys a section allows, the "did you mean" suggestions, the defaults the parsers read
+//! and the doc's rows (checked by a test) all come from these tables.
+
+use serde_json::Value;
+
+/// One section's keys, in the order they are checked and documented.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Section {
+    /// The section's dotted path (`zero_optimization`).
+    pub path: &'static str,
+    /// The keys. Their order is the order of the suggestions' candidates (keys zero reads
+    /// first, then the keys it accepts only at DeepSpeed's default, each in table order),
+    /// of the aliases and of the doc's rows.
+    pub keys: &'static [Key],
+}
+
+/// One key of a section.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Key {
+    /// The name DeepSpeed documents.
+    pub name: &'static str,
+    /// Another name DeepSpeed reads for it (the stage-3 keys' short names), read as `name`.
+    pub alias: Option<&'static str>,
+    /// The default, or the one value accepted for a key zero does not implement.
+    pub default: KeyDefault,
+    /// The stages the key applies to.
+    pub applies: Applies,
+    /// The notes column of docs/CONFIG.md's row; empty: no row. Read by the test that
+    /// checks the doc (`doc_table`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub doc: &'static str,
+}
+
+/// A key's default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum KeyDefault {
+    /// A whole number (the doc writes `5e8` for 500,000,000).
+    Count(u64),
+    /// A boolean.
+    Bool(bool),
+    /// A default the parser works out (from other keys, or a subsection's own keys), as
+    /// the doc words it.
+    Text(&'static str),
+    /// A DeepSpeed key zero does not implement: accepted only at this value (DeepSpeed's
+    /// default, which changes nothing) or `null`; any other value is an error.
+    Only(Fixed),
+}
+
+/// A JSON value written in a table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Fixed {
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool(bool),
+    /// A whole number.
+    Int(i64),
+}
+
+/// The stages a key applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Applies {
+    /// Every stage.
+    Always,
+    /// Stage 3; with `noted`, setting it at stages 0-2 is noted as without effect.
+    Stage3 {
+        /// Whether setting it below stage 3 is noted.
+        noted: bool,
+    },
+}
+
+impl Key {
+    /// A key zero reads, with its default, applying at every stage, with no doc row yet.
+    pub const fn new(name: &'static str, default: KeyDefault) -> Self {
+        Self {
+            name,
+            alias: None,
+            default,
+            applies: Applies::Always,
+            doc: "",
+        }
+    }
+
+    /// A DeepSpeed key zero does not implement, accepted only at `value`.
+    pub const fn only(name: &'static str, value: Fixed) -> Self {
+        Self::new(name, KeyDefault::Only(value))
+    }
+
+    /// With another name DeepSpeed reads for it.
+    pub const fn alias(self, alias: &'static str) -> Self {
+        Self {
+            alias: Some(alias),
+            ..self
+        }
+    }
+
+    /// Applying at stage 3 only; `noted`: set below stage 3, it is noted.
+    pub const fn stage3(self, noted: bool) -> Self {
+        Self {
+            applies: Applies::Stage3 { noted },
+            ..self
+        }
+    }
+
+    /// With the notes of its doc row.
+    pub const fn doc(self, doc: &'static str) -> Self {
+        Self { doc, ..self }
+    }
+
+    /// The default of a count key (use it in `const { }`, where another kind fails to
+    /// compile).
+    pub const fn count(&self) -> u64 {
+        match self.default {
+            KeyDefault::Count(n) => n,
+            _ => panic!("not a count key"),
+        }
+    }
+
+    /// The default of a boolean key (use it in `const { }`, where another kind fails to
+    /// compile).
+    pub const fn flag(&self) -> bool {
+        match self.default {
+            KeyDefault::Bool(b) => b,
+            _ => panic!("not a boolean key"),
+        }
+    }
+}
+
+impl Fixed {
+    /// As JSON.
+    pub fn value(self) -> Value {
+        match self {
+            Fixed::Null => Value::Null,
+            Fixed::Bool(b) => Value::Bool(b),
+            Fixed::Int(i) => Value::from(i),
+        }
+    }
+}
+
+impl Section {
+    /// The keys zero reads, in table order.
+    pub fn known(&self) -> Vec<&'static str> {
+        self.keys
+            .iter()
+            .filter(|k| !matches!(k.default, KeyDefault::Only(_)))
+            .map(|k| k.name)
+            .collect()
+    }
+
+    /// The keys zero accepts only at DeepSpeed's default, with that value, in table order.
+    pub fn unsupported(&self) -> Vec<(&'static str, Value)> {
+        self.keys
+            .iter()
+            .filter_map(|k| match k.default {
+                KeyDefault::Only(v) => Some((k.name, v.value())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(alias, name)` of every key with an alias, in table order.
+    pub fn aliases(&self) -> impl Iterator<Item = (&'static str, &'static str)> {
+        self.keys
+            .iter()
+            .filter_map(|k| k.alias.map(|a| (a, k.name)))
+    }
+
+    /// The keys that apply at stage 3 only and are noted when set below it, in table order.
+    pub fn noted_below_stage3(&self) -> impl Iterator<Item = &'static str> {
+        self.keys
+            .iter()
+            .filter(|k| k.applies == Applies::Stage3 { noted: true })
+            .map(|k| k.name)
+    }
+}

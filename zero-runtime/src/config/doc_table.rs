@@ -27,6 +27,7 @@ fn default_text(key: &Key) -> String {
     match key.default {
         KeyDefault::Count(n) => count_text(n),
         KeyDefault::Bool(b) => b.to_string(),
+        KeyDefault::Float(x) => format!("{x:?}"),
         KeyDefault::Text(t) => t.to_string(),
         KeyDefault::Only(v) => v.value().to_string(),
     }

@@ -40,6 +40,8 @@ pub(super) enum KeyDefault {
     Count(u64),
     /// A boolean.
     Bool(bool),
+    /// A number.
+    Float(f64),
     /// A default the parser works out (from other keys, or a subsection's own keys), as
     /// the doc words it.
     Text(&'static str),
@@ -57,6 +59,10 @@ pub(super) enum Fixed {
     Bool(bool),
     /// A whole number.
     Int(i64),
+    /// A number.
+    Float(f64),
+    /// A string.
+    Str(&'static str),
 }
 
 /// The stages a key applies to.
@@ -118,6 +124,15 @@ impl Key {
         }
     }
 
+    /// The default of a number key (use it in `const { }`, where another kind fails to
+    /// compile).
+    pub const fn float(&self) -> f64 {
+        match self.default {
+            KeyDefault::Float(x) => x,
+            _ => panic!("not a number key"),
+        }
+    }
+
     /// The default of a boolean key (use it in `const { }`, where another kind fails to
     /// compile).
     pub const fn flag(&self) -> bool {
@@ -135,6 +150,8 @@ impl Fixed {
             Fixed::Null => Value::Null,
             Fixed::Bool(b) => Value::Bool(b),
             Fixed::Int(i) => Value::from(i),
+            Fixed::Float(x) => Value::from(x),
+            Fixed::Str(t) => Value::from(t),
         }
     }
 }

@@ -22,6 +22,7 @@ mod offload;
 mod optimizer;
 mod precision;
 mod scheduler;
+mod top_keys;
 mod zero_keys;
 mod zero_optimization;
 
@@ -34,7 +35,10 @@ pub use scheduler::{SchedulerConfig, WarmupType};
 pub use zero_optimization::ZeroOptimization;
 
 use json::Obj;
-use serde_json::{json, Value};
+use serde_json::Value;
+use top_keys::{
+    COMMUNICATION_DATA_TYPE, GRADIENT_CLIPPING, STEPS_PER_PRINT, TOP, WALL_CLOCK_BREAKDOWN,
+};
 
 /// A parsed, resolved DeepSpeed configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,24 +76,6 @@ pub struct ZeroConfig {
     pub source: Value,
 }
 
-const TOP: &[&str] = &[
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "gradient_clipping",
-    "optimizer",
-    "scheduler",
-    "fp16",
-    "bf16",
-    "zero_optimization",
-    "wall_clock_breakdown",
-    "steps_per_print",
-    "checkpoint",
-    "aio",
-    "communication_data_type",
-    "data_types",
-];
-
 impl ZeroConfig {
     /// Parses DeepSpeed JSON text for a run of `world` ranks.
     pub fn from_json_str(text: &str, world: usize) -> Result<Self, ConfigError> {
@@ -107,30 +93,23 @@ impl ZeroConfig {
     pub fn from_json(v: &Value, world: usize) -> Result<Self, ConfigError> {
         let mut notes = Vec::new();
         let v = &compat::deepspeed_keys(v, &mut notes)?;
-        let unsupported_top = [
-            ("prescale_gradients", json!(false)),
-            ("gradient_predivide_factor", json!(1.0)),
-            ("gradient_allreduce_op", json!("mean")),
-            ("managed_gradient_accumulation", json!(true)),
-            ("disable_allgather", json!(false)),
-            ("dump_state", json!(false)),
-        ];
-        let top = Obj::new("", v, TOP, &unsupported_top)?;
+        let top = Obj::new(TOP.path, v, &TOP.known(), &TOP.unsupported())?;
         let world = world.max(1) as u64;
 
         let (train_batch_size, micro, accum) = batch::batch(&top, world)?;
-        let gradient_clipping = top.f64_or("gradient_clipping", 1.0)?;
+        let gradient_clipping =
+            top.f64_or(GRADIENT_CLIPPING.name, const { GRADIENT_CLIPPING.float() })?;
         if gradient_clipping < 0.0 {
-            return Err(top.invalid("gradient_clipping", "must be >= 0 (0 disables clipping)"));
+            return Err(top.invalid(GRADIENT_CLIPPING.name, "must be >= 0 (0 disables clipping)"));
         }
         let optimizer = optimizer::optimizer(&top)?;
         let scheduler = scheduler::scheduler(&top)?;
         let precision = precision::precision(&top)?;
-        if let Some(t) = top.str("communication_data_type")? {
+        if let Some(t) = top.str(COMMUNICATION_DATA_TYPE.name)? {
             let training = precision.name();
             if t != training {
                 return Err(ConfigError::Unsupported {
-                    key: "communication_data_type".into(),
+                    key: COMMUNICATION_DATA_TYPE.name.into(),
                     reason: format!(
                         "`{t}`: zero reduces gradients in the training dtype ({training}), summing in f32 and rounding once"
                     ),
@@ -151,8 +130,12 @@ impl ZeroConfig {
             precision,
             grad_accum_dtype,
             zero,
-            wall_clock_breakdown: top.bool_or("wall_clock_breakdown", false)?,
-            steps_per_print: top.count_or("steps_per_print", 10)?,
+            wall_clock_breakdown: top.bool_or(
+                WALL_CLOCK_BREAKDOWN.name,
+                const { WALL_CLOCK_BREAKDOWN.flag() },
+            )?,
+            steps_per_print: top
+                .count_or(STEPS_PER_PRINT.name, const { STEPS_PER_PRINT.count() })?,
             checkpoint,
             aio,
             notes,

@@ -1,6 +1,6 @@
 //! What the adapter and its candle ops share: the engine, and for each parameter the
-//! candle tensor the model reads, where it is in the engine, and whether its gradient
-//! arrived in this micro-step.
+//! candle tensor the model reads and where it is in the engine (the engine counts the
+//! gradients that arrive, and decides when a module is complete).
 
 use crate::error::{Error, Result};
 use crate::ops::{empty_storage, fill_storage};
@@ -21,8 +21,6 @@ pub(crate) struct Slot {
     pub index: usize,
     /// Index among the module's trainable parameters.
     pub trainable: Option<usize>,
-    /// Whether its gradient arrived in this micro-step.
-    pub arrived: bool,
     /// Whether candle's storage holds its values now.
     pub filled: bool,
     /// Elements.
@@ -39,10 +37,6 @@ pub(crate) struct Slot {
 pub(crate) struct ModuleState {
     /// Its parameters' slots.
     pub slots: Vec<usize>,
-    /// Trainable parameters whose gradient has not arrived in this micro-step.
-    pub waiting: usize,
-    /// Whether `grads_ready` was called in this micro-step.
-    pub ready: bool,
     /// Stage 3: whether it is fetched now.
     pub fetched: bool,
 }
@@ -148,61 +142,42 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
         Ok(())
     }
 
-    /// A gradient arrived for slot `s` (fully accumulated by candle's backward).
+    /// A gradient arrived for slot `s` (fully accumulated by candle's backward): the
+    /// engine counts it, and when its module is complete reduces it; stage 3 then frees
+    /// the module's parameters.
     pub fn gradient(&mut self, s: usize, grad: &[f32]) -> Result<()> {
         let slot = &self.slots[s];
         let (m, k) = match slot.trainable {
             Some(k) => (slot.module, k),
             None => return Ok(()),
         };
-        if slot.arrived {
-            return Err(Error::Model(format!(
-                "`{}` received a second gradient in one micro-step",
-                slot.name
-            )));
-        }
+        self.engine.begin_grad(m, k)?;
         self.engine.add_grad_f32(m, k, grad)?;
-        self.slots[s].arrived = true;
-        self.modules[m].waiting -= 1;
-        if self.modules[m].waiting == 0 {
-            self.module_done(m)?;
+        if self.engine.finish_grad(m, k)? {
+            self.release(m)?;
         }
         Ok(())
     }
 
-    /// Module `m` has all its gradients: reduce (and in stage 3 free its parameters).
-    fn module_done(&mut self, m: usize) -> Result<()> {
-        if !self.modules[m].ready {
-            self.modules[m].ready = true;
-            self.engine.grads_ready(m)?;
-        }
-        self.release(m)
-    }
-
-    /// After backward: parameters that got no gradient are reported by name and their
-    /// modules declared ready (their gradient stays zero); then the next micro-step
-    /// starts clean.
+    /// After backward: the engine declares the modules not yet complete ready (their
+    /// parameters that got no gradient keep a zero one, and are reported by name), and
+    /// the next micro-step counts from zero.
     pub fn finish_backward(&mut self) -> Result<()> {
-        self.missing.clear();
-        for m in 0..self.modules.len() {
-            let trainable = self.modules[m]
-                .slots
-                .iter()
-                .any(|&s| self.slots[s].trainable.is_some());
-            if !trainable {
-                continue;
-            }
-            if !self.modules[m].ready {
-                for &s in &self.modules[m].slots {
-                    let slot = &self.slots[s];
-                    if slot.trainable.is_some() && !slot.arrived {
-                        self.missing.push(slot.name.clone());
-                    }
-                }
-                self.module_done(m)?;
-            }
+        let end = self.engine.end_backward()?;
+        self.missing = end
+            .missing
+            .iter()
+            .filter_map(|&(m, k)| {
+                self.modules[m]
+                    .slots
+                    .iter()
+                    .find(|&&s| self.slots[s].trainable == Some(k))
+                    .map(|&s| self.slots[s].name.clone())
+            })
+            .collect();
+        for m in end.late {
+            self.release(m)?;
         }
-        self.reset_micro_step();
         Ok(())
     }
 
@@ -231,21 +206,5 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
             }
         }
         Ok(())
-    }
-
-    /// Clears the arrival marks.
-    pub fn reset_micro_step(&mut self) {
-        for m in 0..self.modules.len() {
-            let waiting = self.modules[m]
-                .slots
-                .iter()
-                .filter(|&&s| self.slots[s].trainable.is_some())
-                .count();
-            self.modules[m].waiting = waiting;
-            self.modules[m].ready = false;
-        }
-        for s in &mut self.slots {
-            s.arrived = false;
-        }
     }
 }

@@ -166,10 +166,13 @@ where
         }
         // 3. The engine, initialized from the hints.
         let seed = options.seed;
-        let engine = Engine::new(cfg, specs, comm, dev, |id, spec, values| {
+        let mut engine = Engine::new(cfg, specs, comm, dev, |id, spec, values| {
             let r = &recorded[order[id]];
             init::fill(seed, &r.name, &spec.shape, &r.init, values)
         })?;
+        // candle's backward hands each parameter's gradient over once, fully accumulated:
+        // a module is complete at its last parameter's, from the first backward on.
+        engine.predict_grads(&(0..groups.len()).collect::<Vec<_>>())?;
         let mut slots = Vec::with_capacity(order.len());
         let mut modules = Vec::with_capacity(groups.len());
         let mut id = 0;
@@ -189,7 +192,6 @@ where
                     module: m,
                     index,
                     trainable: t,
-                    arrived: false,
                     filled: false,
                     numel: r.shape.iter().product(),
                     sharded: false,
@@ -199,8 +201,6 @@ where
             }
             modules.push(ModuleState {
                 slots: module_slots,
-                waiting: trainable,
-                ready: false,
                 fetched: false,
             });
         }
@@ -269,7 +269,7 @@ where
         match result {
             Ok(_grads) => st.finish_backward(),
             Err(e) => {
-                st.reset_micro_step();
+                st.engine.discard_arrivals();
                 Err(e.into())
             }
         }
@@ -289,7 +289,6 @@ where
     pub fn zero_grad(&self) -> Result<()> {
         let mut st = self.shared.lock()?;
         st.engine.zero_grad()?;
-        st.reset_micro_step();
         Ok(())
     }
 

@@ -15,9 +15,9 @@ pub use config::{ConfigError, GradAccumDtype, Precision, ZeroConfig};
 pub use cuda_device::CudaDevice;
 pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{
-    CommCounters, CommReport, Engine, ExternalArray, ExternalPiece, HeldParam, HfLoadOptions,
-    ImportedParam, ImportedState, MemoryReport, SaveOptions, StagePolicy, StatePiece, StepOutcome,
-    TierBytes, Timings,
+    BackwardEnd, CommCounters, CommReport, Engine, Expectation, ExternalArray, ExternalPiece,
+    HeldParam, HfLoadOptions, ImportedParam, ImportedState, MemoryReport, SaveOptions, StagePolicy,
+    StatePiece, StepOutcome, TierBytes, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

@@ -290,37 +290,66 @@ impl NativeEngine {
     /// Puts the gradient of trainable parameter `k` of module `m` (counting trainable
     /// parameters only) into the engine: copied on its first arrival in a micro-step,
     /// added on later ones (always added where the engine accumulates micro-steps in
-    /// place).
-    #[pyo3(signature = (m, k, grad, first, stream=None))]
+    /// place). The engine counts it; returns whether the module's gradients are now
+    /// complete (the engine declared it ready: its reduction starts once its bucket is).
+    #[pyo3(signature = (m, k, grad, stream=None))]
     fn put_grad(
         &self,
+        py: Python<'_>,
         m: usize,
         k: usize,
         grad: Bound<'_, PyAny>,
-        first: bool,
         stream: Option<u64>,
-    ) -> PyResult<()> {
+    ) -> PyResult<bool> {
+        {
+            let mut guard = self.lock()?;
+            let first = with_engine!(&mut *guard, e => e.begin_grad(m, k)).map_err(to_py)?;
+            match &mut *guard {
+                Inner::Cuda(e) => {
+                    cuda_tensors::put_grad(e, m, k, &grad, first, torch_stream(stream)?)?
+                }
+                Inner::Host(e) => with_host_type!(self.dtype, T => {
+                    let mut views = e.grads_mut::<T>(m).map_err(to_py)?;
+                    let n = views.len();
+                    let slot = views.get_mut(k).ok_or_else(|| {
+                        PyValueError::new_err(format!("module {m} has {n} trainable parameters, not {}", k + 1))
+                    })?;
+                    if first {
+                        read_into::<T>(&grad, slot)
+                    } else {
+                        add_into::<T>(&grad, slot)
+                    }
+                })?,
+            }
+        }
+        // Counting may start a reduction: with the GIL released, as every collective.
+        detached!(self, py, e => e.finish_grad(m, k))
+    }
+
+    /// Each trainable parameter of `modules` (used in the first forward, every use with
+    /// gradients enabled) gets one gradient per backward: they are reduced as soon as they
+    /// are complete from the first backward on. Nothing once the engine expects something.
+    /// Returns whether it now does.
+    fn predict_grads(&self, modules: Vec<usize>) -> PyResult<bool> {
         let mut guard = self.lock()?;
-        // Copy only over zeros: where the buffers accumulate micro-steps in place, add.
-        let first = first && !with_engine!(&*guard, e => e.grads_accumulate_in_place());
-        let e = match &mut *guard {
-            Inner::Cuda(e) => {
-                return cuda_tensors::put_grad(e, m, k, &grad, first, torch_stream(stream)?)
-            }
-            Inner::Host(e) => e,
-        };
-        with_host_type!(self.dtype, T => {
-            let mut views = e.grads_mut::<T>(m).map_err(to_py)?;
-            let n = views.len();
-            let slot = views.get_mut(k).ok_or_else(|| {
-                PyValueError::new_err(format!("module {m} has {n} trainable parameters, not {}", k + 1))
-            })?;
-            if first {
-                read_into::<T>(&grad, slot)
-            } else {
-                add_into::<T>(&grad, slot)
-            }
-        })
+        with_engine!(&mut *guard, e => e.predict_grads(&modules)).map_err(to_py)
+    }
+
+    /// What the engine expects of one backward: `"unknown"`, `"predicted"` or `"learned"`.
+    fn expectation(&self) -> PyResult<&'static str> {
+        Ok(held!(self, e => e.expectation().name()))
+    }
+
+    /// Whether module `m`'s gradients were declared complete in the backward under way.
+    fn grads_complete(&self, m: usize) -> PyResult<bool> {
+        held!(self, e => e.grads_complete(m)).map_err(to_py)
+    }
+
+    /// The end of backward: the modules not yet complete are declared ready (a parameter
+    /// that got no gradient counts as zero), and the first backward's counts become what
+    /// the engine expects. Returns whether this backward was the first.
+    fn end_backward(&self, py: Python<'_>) -> PyResult<bool> {
+        detached!(self, py, e => e.end_backward().map(|end| end.learned_now))
     }
 
     /// Sets parameters to rank `root`'s values on every rank (a collective; every rank
@@ -338,12 +367,6 @@ impl NativeEngine {
             .map(|(m, k, t)| Ok((e.param_id(*m, *k).map_err(to_py)?, tensors::read_f32(t)?)))
             .collect::<PyResult<Vec<_>>>())?;
         detached!(self, py, e => e.set_params(values, root))
-    }
-
-    /// Module `m`'s gradients are complete for this micro-step: its bucket's reduction
-    /// starts once every module of the bucket is.
-    fn grads_ready(&self, py: Python<'_>, m: usize) -> PyResult<()> {
-        detached!(self, py, e => e.grads_ready(m))
     }
 
     /// What to multiply the loss by before backward (the loss scale over the
@@ -364,17 +387,44 @@ impl NativeEngine {
         outcome_dict(py, &out)
     }
 
-    /// Whether the next micro-steps end the accumulation window (`None`: count
-    /// `gradient_accumulation_steps`), as `set_gradient_accumulation_boundary` declares it.
-    #[pyo3(signature = (boundary))]
-    fn set_accumulation_boundary(&self, py: Python<'_>, boundary: Option<bool>) -> PyResult<()> {
-        detached!(self, py, e => e.set_accumulation_boundary(boundary))
+    /// DeepSpeed's `engine.micro_steps`: `step()` calls so far (less those of windows
+    /// `zero_grad` discarded).
+    fn micro_steps(&self) -> PyResult<u64> {
+        Ok(held!(self, e => e.micro_steps()))
     }
 
-    /// The next pass's gradients add to those of the micro-step that just ended (a
-    /// second `backward()` before `step()`).
-    fn reopen_micro_step(&self, py: Python<'_>) -> PyResult<()> {
-        detached!(self, py, e => e.reopen_micro_step())
+    /// Passes (backwards) since the last `step()` call.
+    fn passes_since_step(&self) -> PyResult<u64> {
+        Ok(held!(self, e => e.passes_since_step()))
+    }
+
+    /// DeepSpeed's `set_gradient_accumulation_boundary`: holds until declared again, and
+    /// reaches the reductions at the next `backward()`.
+    fn declare_boundary(&self, boundary: bool) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        with_engine!(&mut *guard, e => e.declare_boundary(boundary));
+        Ok(())
+    }
+
+    /// DeepSpeed's `is_gradient_accumulation_boundary`.
+    fn is_gradient_accumulation_boundary(&self) -> PyResult<bool> {
+        Ok(held!(self, e => e.is_gradient_accumulation_boundary()))
+    }
+
+    /// The front-end's `backward()` begins: a declared boundary applies to its pass.
+    fn backward_call(&self, py: Python<'_>) -> PyResult<()> {
+        detached!(self, py, e => e.backward_call())
+    }
+
+    /// A backward of this engine begins: a second one before `step()` adds to the first's
+    /// gradients (the micro-step is reopened).
+    fn begin_pass(&self, py: Python<'_>) -> PyResult<()> {
+        detached!(self, py, e => e.begin_pass())
+    }
+
+    /// The front-end's `step()`: counts a micro-step; whether the optimizer steps now.
+    fn step_call(&self, py: Python<'_>) -> PyResult<bool> {
+        detached!(self, py, e => e.step_call())
     }
 
     /// The number of optimizer parameter groups.

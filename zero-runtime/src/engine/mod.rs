@@ -14,6 +14,7 @@
 //! The trainer multiplies its loss by [`Engine::loss_scale_factor`] (the loss scale over
 //! `K`, as DeepSpeed's `backward` does).
 
+mod arrivals;
 mod buffers;
 mod checkpoint;
 mod gather;
@@ -26,7 +27,9 @@ mod offload;
 mod report;
 mod step;
 mod views;
+mod window;
 
+pub use arrivals::{BackwardEnd, Expectation};
 pub use checkpoint::{HfLoadOptions, ImportedParam, ImportedState, SaveOptions, StatePiece};
 pub use groups::ExternalPiece;
 pub use held::HeldParam;
@@ -213,6 +216,11 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     fetched: Vec<bool>,
     ready_count: usize,
     trainable_modules: usize,
+    /// Gradients counted per trainable parameter in the pass under way, and what one
+    /// backward is expected to bring: decides when a module is complete.
+    arrivals: arrivals::Arrivals,
+    /// The front-end's micro-step counters and declared boundary.
+    window: window::Window,
     trace: gather::Trace,
     live_gathered: usize,
     peak_gathered: usize,
@@ -454,6 +462,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             dtype,
             ready: vec![false; modules.len()],
             fetched: vec![false; modules.len()],
+            window: window::Window::default(),
+            arrivals: arrivals::Arrivals::new(
+                modules
+                    .iter()
+                    .map(|m| m.params.iter().filter(|p| p.trainable).count()),
+            ),
             modules,
             first_param,
             buckets,

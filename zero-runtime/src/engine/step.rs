@@ -515,6 +515,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.step_external_abort()?;
         self.finish_all()?;
         self.clear_gradients()?;
+        self.arrivals.reset();
+        self.discard_window();
         self.micro_done = 0;
         self.last_pass_boundary = false;
         self.ready_count = 0;

@@ -21,10 +21,12 @@ Per module that holds parameters:
   gathers the units again.
 
 Per trainable parameter, a post-accumulate-grad hook hands the gradient to the engine as
-soon as autograd has it (and drops ``.grad``); once every trainable parameter of a unit has
-arrived as many times as in the first backward, the unit's gradients are ready and its
-bucket's reduction starts while backward goes on. One callback at the end of backward
-declares the rest ready (parameters that got no gradient count as zero) and releases what
+soon as autograd has it (and drops ``.grad``). The engine counts the arrivals and decides
+when a unit's gradients are complete (once each of its trainable parameters arrived as
+many times as in the first backward: ``zero-runtime``'s ``engine/arrivals.rs``); it then
+declares the unit ready, its bucket's reduction starts while backward goes on, and in
+stage 3 the hook releases the unit. One callback at the end of backward has the engine
+declare the rest ready (parameters that got no gradient count as zero) and releases what
 is still gathered.
 
 During backward nothing is released by the forward hooks: activation checkpointing runs
@@ -35,10 +37,11 @@ The first forward records the order in which units are first used and whether ea
 used with gradients enabled; the engine is built at its end (parameters are registered in
 that order). A unit the first forward used only with gradients enabled gets each
 parameter's gradient once per backward (autograd sums a leaf's uses before accumulating
-it), so the first backward already reduces it as soon as it is complete: gradient staging
-and, in stage 3, gathered parameters stay within their bounds from the first step on. The
-first backward's own counts then replace the prediction for the later ones (a reentrant
-checkpoint segment accumulates once more per segment).
+it), so the engine is told to expect that (``predict_grads``) and the first backward
+already reduces it as soon as it is complete: gradient staging and, in stage 3, gathered
+parameters stay within their bounds from the first step on. The engine then expects the
+first backward's own counts of the later ones (a reentrant checkpoint segment accumulates
+once more per segment).
 """
 
 from __future__ import annotations
@@ -158,15 +161,11 @@ class Runtime:
         self.backward_ran = True
         self.refs: Dict[int, int] = {}
         self.filled: Dict[int, bool] = {u_id: True for u_id in range(len(registry.units))}
-        self.ready: Dict[int, bool] = {}
-        self.arrivals: Dict[int, int] = {}
-        self.expected: Optional[Dict[int, int]] = None
-        """Per trainable parameter (by ``id``): its gradients per backward, as the first
-        backward counted them (before it: one for each parameter of a unit the first
-        forward used only with gradients enabled)."""
-        self.learned = False
-        """Whether ``expected`` holds what a backward counted, not the first forward's
-        prediction."""
+        self.recording_uses = True
+        """Whether forwards still record ``first_uses``: until the engine expects something
+        of a backward (a prediction from them, or the first backward's counts)."""
+        self.unhooked = False
+        """Below stage 3: the per-module hooks were removed after the first backward."""
         self.first_uses: Dict[int, bool] = {}
         """Per unit (by ``id``) used in the first forward: whether every use had gradients
         enabled. Each such parameter gets its gradient once in a backward (autograd sums
@@ -174,10 +173,6 @@ class Runtime:
         as soon as it is complete instead of holding every bucket's gradients to its end. A
         unit used without gradients (a reentrant checkpoint segment, which accumulates
         again in its own backward) is not predicted."""
-        self.missing_at_start: Dict[int, int] = {}
-        self.missing: Dict[int, int] = {}
-        """Per unit that can complete early: trainable parameters still short of their
-        expected gradients in this backward."""
         self.callback_queued = False
         self.handles: List[Any] = []
         self.module_handles: List[Any] = []
@@ -199,11 +194,6 @@ class Runtime:
         them afterwards (torch's global registration hooks) makes the next forward count the
         parameters again, instead of every forward walking the whole model."""
         self.structure_moved = False
-        self.micro_steps_done = 0
-        """Passes (backwards) this engine took, ever."""
-        self.passes_since_step = 0
-        """Passes since the engine's last ``step()``: a second one reopens the micro-step
-        (its gradients add to the first's), as a second ``backward()`` does in DeepSpeed."""
         self.pass_is_mine = True
         """Whether the backward under way is this engine's (see ``_BACKWARD_OWNER``)."""
         self.on_built: Optional[Callable[[Any], None]] = None
@@ -246,7 +236,7 @@ class Runtime:
     def hook_module(self, module: torch.nn.Module) -> None:
         """Gives ``module`` the per-module forward hooks (once; below stage 3 only until
         the first backward has taught the engine what to expect)."""
-        if id(module) in self.hooked or (self.learned and not self.stage3):
+        if id(module) in self.hooked or self.unhooked:
             return
         self.hooked.add(id(module))
         self.module_handles.append(module.register_forward_pre_hook(self._pre))
@@ -257,6 +247,7 @@ class Runtime:
         first forward's uses; once the first backward has run they have nothing left to
         do, and a module without hooks takes torch's fast call path (issue 31: about 4 µs
         per module per forward)."""
+        self.unhooked = True
         for h in self.module_handles:
             h.remove()
         self.module_handles.clear()
@@ -293,7 +284,7 @@ class Runtime:
             return
         if running and self.stage3:
             if self.in_backward:
-                if not self.filled.get(u.index) and not self.ready.get(u.index):
+                if not self.filled.get(u.index) and not self.native.grads_complete(u.index):
                     self.gather(u)
                 return
             n = self.refs.get(u.index, 0)
@@ -302,13 +293,12 @@ class Runtime:
             self.refs[u.index] = n + 1
 
     def _predict(self) -> None:
-        """Each trainable parameter of a unit the first forward used (only with gradients
-        enabled) expects one gradient in the first backward (see ``first_uses``)."""
-        predicted = [u for u in self.order if u.trainable and self.first_uses.get(id(u))]
-        if predicted and self.expected is None:
-            self.expected = {id(p.param): 1 for u in predicted for p in u.trainable}
-            self.missing_at_start = {u.index: len(u.trainable) for u in predicted}
-            self.missing = dict(self.missing_at_start)
+        """The engine expects one gradient in the first backward for each trainable
+        parameter of a unit the first forward used (only with gradients enabled; see
+        ``first_uses``)."""
+        predicted = [u.index for u in self.order if u.trainable and self.first_uses.get(id(u))]
+        if predicted and self.native.predict_grads(predicted):
+            self.recording_uses = False
 
     def _first_use(self, u: Unit) -> None:
         """Records a use of unit ``u`` in the first forward (see ``first_uses``)."""
@@ -344,7 +334,6 @@ class Runtime:
                 self._drop(u)
         # Torch reads the views only after the engine's writes of them so far.
         self.cross()
-        self.ready = {u.index: False for u in order}
         if self.after_built is not None:
             try:
                 self.after_built()
@@ -594,7 +583,7 @@ class Runtime:
         self._stop_saving()
         if self.native is None:
             self.ensure_built()
-        elif self.expected is None and not self.learned:
+        elif self.recording_uses:
             # Built before its first forward (zero.Init): predict from this one, a
             # forward without gradients predicts nothing.
             if torch.is_grad_enabled():
@@ -615,7 +604,7 @@ class Runtime:
                     self.order.append(u)
                 self._first_use(u)
             return
-        if self.expected is None and not self.learned:
+        if self.recording_uses:
             for u in units:
                 self._first_use(u)
         if not self.stage3:
@@ -624,10 +613,11 @@ class Runtime:
             if self.in_backward:
                 # Activation checkpointing's recompute: gathered until the unit's
                 # gradients are done.
-                if self.ready.get(u.index):
+                if self.native.grads_complete(u.index):
                     # Its gradients were reduced and its storage released: a recompute
                     # now would run on empty parameters.
-                    before = "the first backward" if self.learned else "its uses in the first forward"
+                    learned = self.native.expectation() == "learned"
+                    before = "the first backward" if learned else "its uses in the first forward"
                     self.error = OrderError(
                         f"module {u.name or '(the model)'} runs again in this backward after its "
                         f"gradients were complete by the count {before} gave (used in more "
@@ -677,9 +667,10 @@ class Runtime:
             self.backward_ran = True
             owner = backward_owner()
             self.pass_is_mine = owner is None or owner is self
-            if self.pass_is_mine and self.passes_since_step > 0:
-                # A second backward before step(): its gradients add to the first's.
-                self.native.reopen_micro_step()
+            if self.pass_is_mine:
+                # A second backward before step() reopens the micro-step: its gradients
+                # add to the first's (the engine counts the passes).
+                self.native.begin_pass()
         if not self.callback_queued:
             self.callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -688,7 +679,7 @@ class Runtime:
         """A module's backward is next: its units are gathered (again, in stage 3)."""
         self._enter_backward()
         for u in units:
-            if self.stage3 and not self.ready.get(u.index) and not self.filled.get(u.index):
+            if self.stage3 and not self.filled.get(u.index) and not self.native.grads_complete(u.index):
                 self.gather(u)
 
     def _grad_hook(self, param: torch.Tensor) -> None:
@@ -707,38 +698,22 @@ class Runtime:
         grad = param.grad
         if grad is None:
             return
-        pid = id(param)
-        info: Param = self.reg.by_id[pid]
+        info: Param = self.reg.by_id[id(param)]
         u = self.reg.units[info.unit]
-        n = self.arrivals.get(pid, 0)
-        if self.ready.get(u.index):
-            before = "the first backward" if self.learned else "its uses in the first forward predicted"
-            raise OrderError(
-                f"parameter {info.name} received its gradient {n + 1} times in this "
-                f"backward, more than the {n} {before} (a parameter used in more reentrant "
-                "checkpoint segments than before?); its bucket was already reduced"
-            )
         if grad.layout != torch.strided or not grad.is_contiguous():
             grad = grad.contiguous()
         _used_on_current_stream(grad)
         try:
-            self.native.put_grad(u.index, info.trainable_k, grad, n == 0, self.stream())
+            # The engine counts the arrival and says whether the unit is now complete
+            # (declared ready, its reduction started).
+            complete = self.native.put_grad(u.index, info.trainable_k, grad, self.stream())
+        except OrderError:
+            raise  # refused before anything was written (its bucket was already reduced)
         except BaseException as e:
             self.broken_grads[u.index] = f"adding {info.name}'s gradient failed: {type(e).__name__}: {e}"
             raise
-        self.arrivals[pid] = n + 1
         param.grad = None
-        if self.expected is not None and n + 1 == self.expected.get(pid, 0):
-            left = self.missing.get(u.index)
-            if left is not None:
-                self.missing[u.index] = left - 1
-                if left == 1:
-                    self._unit_ready(u)
-
-    def _unit_ready(self, u: Unit) -> None:
-        self.native.grads_ready(u.index)
-        self.ready[u.index] = True
-        if self.stage3 and self.filled.get(u.index):
+        if complete and self.stage3 and self.filled.get(u.index):
             self.scatter(u)
 
     def settle_collectives(self) -> None:
@@ -759,42 +734,23 @@ class Runtime:
             try:
                 self.abandon()
             finally:
-                self.ready = {u.index: False for u in self.order}
                 self.refs.clear()
                 self.in_backward = False
                 self.callback_queued = False
                 self.pass_is_mine = True
             return
         try:
-            if not self.learned:
-                self.learned = True
+            # The engine declares the units not yet complete ready (in reverse order) and,
+            # after the first backward, expects its counts of every later one.
+            if self.native.end_backward():
+                self.recording_uses = False
                 if not self.stage3:
                     self._unhook_modules()
-                self.expected = {
-                    id(p.param): self.arrivals.get(id(p.param), 0)
-                    for u in self.order
-                    for p in u.trainable
-                }
-                # A unit is complete early once each of its trainable parameters got as
-                # many gradients as in this backward; one that got none waits for the end.
-                self.missing_at_start = {
-                    u.index: len(u.trainable)
-                    for u in self.order
-                    if u.trainable and all(self.expected[id(p.param)] > 0 for p in u.trainable)
-                }
-            for u in reversed(self.order):
-                if u.trainable and not self.ready.get(u.index):
-                    self._unit_ready(u)
             for u in self.order:
                 if self.stage3 and self.filled.get(u.index):
                     self.scatter(u)
             self.settle_collectives()
-            self.micro_steps_done += 1
-            self.passes_since_step += 1
         finally:
-            self.arrivals.clear()
-            self.missing = dict(self.missing_at_start)
-            self.ready = {u.index: False for u in self.order}
             self.refs.clear()
             self.in_backward = False
             self.callback_queued = False

@@ -107,6 +107,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         )
         """The optimizer's parameters by name, in its order (what a DeepSpeed stage-0
         checkpoint's optimizer state is in)."""
+        self._declared: Optional[bool] = None
+        """A boundary declared before the engine was built, handed to it at its build (it
+        keeps the micro-step counters and the declared boundary from then on)."""
         self._registry: Registry = register(model, trained, self._plan.group_of)
         self._runtime = Runtime(
             model, self._registry, self._build, int(resolved["stage"]), self.device,
@@ -122,8 +125,6 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             # Built now, filling the model unit by unit (placeholders) or parameter by
             # parameter (a host model for a GPU engine): its first forward needs values.
             self._runtime.ensure_built()
-        self.micro_steps = 0
-        self._boundary: Optional[bool] = None
         self._last_step: Optional[Dict[str, Any]] = None
         self.optimizer: Optional[ZeroOptimizer] = ZeroOptimizer(self) if self._plan.basic is not None else None
         """What ``initialize`` returns as the optimizer (``None`` without one, as DeepSpeed)."""
@@ -177,6 +178,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         finally:
             fill.release()
             self._staged.clear()
+        if self._declared is not None:
+            native.declare_boundary(self._declared)
         if fill.checkpoints:
             paths = dict(fill.checkpoints)
             self._runtime.after_built = lambda: self._fill_from(paths)
@@ -262,8 +265,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             raise ValueError("backward() takes the scalar loss tensor")
         gas = self.gradient_accumulation_steps()
         native = self._native
-        if self._boundary is not None:
-            native.set_accumulation_boundary(self._boundary)
+        native.backward_call()
         factor = native.loss_scale_factor() if scale_wrt_gas else native.loss_scale()
         previous = _hooks._BACKWARD_OWNER[0]
         _hooks._BACKWARD_OWNER[0] = self._runtime
@@ -280,9 +282,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         """Whether the next ``step()`` applies the optimizer: what
         ``set_gradient_accumulation_boundary`` last said, else whether this micro-step
         completes ``gradient_accumulation_steps`` (as DeepSpeed decides)."""
-        if self._boundary is not None:
-            return self._boundary
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+        native = self._runtime.native
+        if native is None:  # nothing counted yet
+            return self._declared if self._declared is not None else self.gradient_accumulation_steps() == 1
+        return bool(native.is_gradient_accumulation_boundary())
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Says whether the next ``step()`` applies the optimizer, instead of counting
@@ -292,7 +295,18 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         several micro-steps needs ``gradient_accumulation_steps`` > 1 in the config (the
         accumulation buffers): ``False`` with 1 raises :class:`~zero_torch.OrderError` at
         the next ``backward``."""
-        self._boundary = bool(is_boundary)
+        native = self._runtime.native
+        if native is None:
+            self._declared = bool(is_boundary)
+        else:
+            native.declare_boundary(bool(is_boundary))
+
+    @property
+    def micro_steps(self) -> int:
+        """DeepSpeed's ``engine.micro_steps``: ``step()`` calls so far (less those of a
+        window ``zero_grad`` discarded). The engine counts them."""
+        native = self._runtime.native
+        return 0 if native is None else int(native.micro_steps())
 
     def step(self, lr_kwargs: Optional[Dict[str, Any]] = None) -> None:
         """Counts a micro-step; at the accumulation boundary, the optimizer step
@@ -308,11 +322,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             )
         rt = self._runtime
         rt.check_grads()
-        if rt.passes_since_step == 0:
-            raise OrderError("step() was called before backward(): there are no gradients for this micro-step")
-        boundary = self.is_gradient_accumulation_boundary()
-        rt.passes_since_step = 0
-        self.micro_steps += 1
+        if rt.native is None:
+            raise OrderError("step() was called before backward(): no forward or backward ran yet, so there are no gradients")
+        # The engine counts the micro-step and says whether it ends the window.
+        boundary = rt.native.step_call()
         if boundary:
             rt.sync_user_changes()
             self._last_step = self._driver.step(self._native)
@@ -352,10 +365,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         for p in self.module.parameters():
             p.grad = None
         rt = self._runtime
-        if rt.native is not None and rt.passes_since_step > 0:
-            rt.native.zero_grad()
-            rt.passes_since_step = 0
-            self.micro_steps -= self.micro_steps % self.gradient_accumulation_steps()
+        if rt.native is not None and rt.native.passes_since_step() > 0:
+            rt.native.zero_grad()  # the engine discards the window's counters too
 
     def train(self, mode: bool = True) -> "ZeroEngine":
         self.module.train(mode)

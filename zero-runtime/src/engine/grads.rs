@@ -50,7 +50,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.timings.backward_started();
         for b in self.plan.module_buckets[m].clone() {
-            if self.buckets[b].grads.is_none() {
+            if !self.buckets[b].grads.has_written() {
                 self.acquire_staging(b)?;
             }
         }
@@ -117,14 +117,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.add_into_carry(true)?;
         for state in self.buckets.iter_mut() {
             state.released = 0;
-            for buf in [
-                state.grads.as_mut(),
-                state.grad_shard.as_mut(),
-                state.accum.as_mut(),
-            ]
-            .into_iter()
-            .flatten()
-            {
+            for buf in state.grads.buffers_mut() {
                 let n = self.dev.len(buf);
                 self.dev.zero(buf, 0..n)?;
             }
@@ -186,7 +179,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 let (mut buf, cap) = self.pool.swap_remove(i);
                 self.dev.resize(&mut buf, total)?;
                 self.dev.zero(&mut buf, 0..total)?;
-                self.buckets[b].grads = Some(buf);
+                self.buckets[b].grads.put_written(buf);
                 self.staging_cap[b] = cap;
                 let in_use = self.pool_buffers - self.pool.len();
                 self.pool_peak = self.pool_peak.max(in_use);
@@ -210,9 +203,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let reduction = if !self.policy.shards_gradients() {
             let total = self.plan.buckets[b].layout.total_len();
             if k > 1 && !self.grads_accumulate_in_place() {
-                let state = &mut self.buckets[b];
-                let (grads, accum) = (state.grads.as_mut(), state.accum.as_mut());
-                let (Some(grads), Some(accum)) = (grads, accum) else {
+                let Some((grads, accum)) = self.buckets[b].grads.whole_and_accum_mut() else {
                     return Err(EngineError::Internal(format!(
                         "bucket {b} lacks its gradient buffers"
                     )));
@@ -229,7 +220,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             let grads = self.buckets[b]
                 .grads
-                .take()
+                .take_written()
                 .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
             if self.policy.stage == 0 {
                 let work = self.issue(
@@ -253,14 +244,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             let grads = self.buckets[b]
                 .grads
-                .take()
+                .take_written()
                 .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
-            let later = !self.buckets[b].shard_fresh;
+            let later = !self.buckets[b].grads.fresh();
             let (dest, out) = if self.host_grads().is_some() {
                 // Every reduction of a window is added into an fp32 accumulator; summed in
                 // the gradients' dtype, the window's first is copied and the later added.
                 let add = self.accumulates_apart() || (self.sums_in_shard() && later);
-                self.buckets[b].shard_fresh = false;
+                self.buckets[b].grads.set_fresh(false);
                 // Each reduction in flight holds a scratch output on the device until it
                 // crosses: at most HOST_INFLIGHT at once, or the outputs of a whole
                 // backward would add up to the partition the host now holds.
@@ -271,14 +262,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } else if self.sums_in_shard() && later {
                 (Dest::AddToShard, self.take_scratch(part)?)
             } else {
-                while self.buckets[b].grad_shard.is_none() && !self.inflight.is_empty() {
+                while self.buckets[b].grads.shard().is_none() && !self.inflight.is_empty() {
                     self.finish_oldest()?;
                 }
-                self.buckets[b].shard_fresh = false;
+                self.buckets[b].grads.set_fresh(false);
                 self.buckets[b].released = 0;
                 let shard = self.buckets[b]
-                    .grad_shard
-                    .take()
+                    .grads
+                    .take_shard()
                     .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
                 (Dest::Shard, shard)
             };
@@ -336,7 +327,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         };
         match r {
             Reduction::AllReduce { bucket, work } => {
-                self.buckets[bucket].grads = Some(work.wait()?);
+                self.buckets[bucket].grads.put_written(work.wait()?);
             }
             Reduction::ReduceScatter {
                 bucket,
@@ -360,17 +351,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 } else if dest == Dest::AddToShard {
                     // (An earlier reduction into this shard was queued first, so it is back.)
                     let shard = self.buckets[bucket]
-                        .grad_shard
-                        .as_mut()
+                        .grads
+                        .shard_mut()
                         .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
                     self.dev.accumulate(shard, 0, &output, 0..part)?;
                     self.scratch.push(output);
                     self.pool.push((input, cap));
                 } else if self.policy.shards_gradients() {
-                    if let Some(accum) = self.buckets[bucket].accum.as_mut() {
+                    if let Some(accum) = self.buckets[bucket].grads.accum_mut() {
                         self.dev.accumulate(accum, 0, &output, 0..part)?;
                     }
-                    self.buckets[bucket].grad_shard = Some(output);
+                    self.buckets[bucket].grads.put_shard(output);
                     self.pool.push((input, cap));
                 } else {
                     // Stage 1: the reduced partition goes back into the whole-bucket buffer.
@@ -379,7 +370,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .partition_range(self.rank)?
                         .start;
                     self.dev.copy(&output, 0..part, &mut input, start)?;
-                    self.buckets[bucket].grads = Some(input);
+                    self.buckets[bucket].grads.put_written(input);
                 }
             }
         }

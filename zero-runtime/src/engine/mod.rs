@@ -19,6 +19,7 @@ mod buffers;
 mod checkpoint;
 mod gather;
 mod gather_state;
+mod grad_state;
 mod grads;
 mod groups;
 mod held;
@@ -74,19 +75,10 @@ impl StagePolicy {
 struct BucketState<B, W2> {
     /// Parameters: the whole bucket, or (stage 3, non-persistent) the owned partition.
     params: Option<B>,
-    /// Whole-bucket gradients: kept in stages 0–1, a staging buffer in stages 2–3.
-    grads: Option<B>,
-    /// The reduced owned partition of the gradients (stages 2–3).
-    grad_shard: Option<B>,
-    /// Gradient accumulator in `grad_accum_dtype` (accumulation > 1), only where the sum
-    /// is in another dtype than the gradients: gradients summed in their own dtype
-    /// accumulate in `grads` itself (stages 0–1) or in `grad_shard` (stages 2–3).
-    accum: Option<B>,
-    /// Stages 2–3: `grad_shard` holds nothing of the current window yet, so the next
-    /// reduction writes into it; later ones of the window are added to it.
-    shard_fresh: bool,
-    /// Bytes of this bucket's gradients (`grad_shard` in stages 2–3, `grads` in stages
-    /// 0–1) handed back to the kernel when the last step ended (host mappings), until
+    /// Its gradient buffers, their variant chosen by the stage (`grad_state.rs`).
+    grads: grad_state::Grads<B>,
+    /// Bytes of this bucket's gradients (the partition in stages 2–3, the whole gradients
+    /// in stages 0–1) handed back to the kernel when the last step ended (host mappings), until
     /// gradients are written there again: reported as `released`.
     released: usize,
     /// fp32 sum of the reduced gradients of a micro-step that was reopened after its
@@ -107,10 +99,7 @@ impl<B, W2> BucketState<B, W2> {
     fn frozen<D: Device<Buffer = B>>(params: B, dev: &D) -> Result<Self, EngineError> {
         Ok(Self {
             params: Some(params),
-            grads: None,
-            grad_shard: None,
-            accum: None,
-            shard_fresh: true,
+            grads: grad_state::Grads::Frozen,
             released: 0,
             carry: None,
             opt: AdamState {
@@ -315,23 +304,25 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             buckets.push(BucketState {
                 params: Some(dev.zeros(dtype, params_len)?),
-                grads: (!policy.shards_gradients())
-                    .then(|| dev.zeros(dtype, total))
-                    .transpose()?,
-                grad_shard: (policy.shards_gradients() && !grads_on_host)
-                    .then(|| dev.zeros(dtype, part))
-                    .transpose()?,
-                accum: (accumulate && !own_dtype && !grads_on_host)
-                    .then(|| {
-                        let len = if policy.shards_gradients() {
-                            part
-                        } else {
-                            total
-                        };
-                        dev.zeros(accum_dtype, len)
-                    })
-                    .transpose()?,
-                shard_fresh: true,
+                grads: if policy.shards_gradients() {
+                    grad_state::Grads::Sharded {
+                        staging: None,
+                        shard: (!grads_on_host)
+                            .then(|| dev.zeros(dtype, part))
+                            .transpose()?,
+                        accum: (accumulate && !own_dtype && !grads_on_host)
+                            .then(|| dev.zeros(accum_dtype, part))
+                            .transpose()?,
+                        fresh: true,
+                    }
+                } else {
+                    grad_state::Grads::Whole {
+                        grads: Some(dev.zeros(dtype, total)?),
+                        accum: (accumulate && !own_dtype && !grads_on_host)
+                            .then(|| dev.zeros(accum_dtype, total))
+                            .transpose()?,
+                    }
+                },
                 released: 0,
                 carry: None,
                 opt: AdamState {

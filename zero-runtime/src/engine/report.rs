@@ -287,15 +287,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         for s in &self.buckets[self.trainable_range()] {
             r.params += opt_size(s.params.as_ref());
-            r.grads += if self.policy.shards_gradients() {
-                opt_size(s.grad_shard.as_ref())
-            } else {
-                opt_size(s.grads.as_ref())
-            };
+            r.grads += opt_size(s.grads.kept());
             r.master += opt_size(s.opt.master.as_ref());
             r.exp_avg += size(&s.opt.exp_avg);
             r.exp_avg_sq += size(&s.opt.exp_avg_sq);
-            r.grad_accum += opt_size(s.accum.as_ref());
+            r.grad_accum += opt_size(s.grads.accum());
             r.released += s.released;
         }
         let p = self.dtype.size_of();

@@ -387,14 +387,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let missing = || EngineError::Internal(format!("bucket {b}'s gradients are missing"));
         Ok(if !self.policy.shards_gradients() {
             (
-                state.grads.as_ref().ok_or_else(missing)?,
+                state.grads.whole().ok_or_else(missing)?,
                 layout.partition_range(self.rank)?,
             )
-        } else if let Some(accum) = state.accum.as_ref() {
+        } else if let Some(accum) = state.grads.accum() {
             (accum, 0..layout.partition_len())
         } else {
             (
-                state.grad_shard.as_ref().ok_or_else(missing)?,
+                state.grads.shard().ok_or_else(missing)?,
                 0..layout.partition_len(),
             )
         })
@@ -524,7 +524,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.fetched.iter_mut().for_each(|f| *f = false);
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
-            if let Some(g) = self.buckets[b].grad_shard.as_mut() {
+            if let Some(g) = self.buckets[b].grads.shard_mut() {
                 self.buckets[b].released = self.dev.zero_discarding(g)?;
             }
         }
@@ -541,15 +541,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         for state in self.buckets.iter_mut() {
             state.carry = None;
-            state.shard_fresh = true;
-            if let Some(g) = state.grad_shard.as_mut() {
+            state.grads.set_fresh(true);
+            if let Some(g) = state.grads.shard_mut() {
                 state.released = self.dev.discard(g)?;
             }
-            if let Some(g) = state.grads.as_mut() {
+            if let Some(g) = state.grads.written_mut() {
                 // Stages 0–1 (at 2–3 the staging buffers are back in the pool by now).
                 state.released = self.dev.zero_discarding(g)?;
             }
-            if let Some(a) = state.accum.as_mut() {
+            if let Some(a) = state.grads.accum_mut() {
                 let n = self.dev.len(a);
                 self.dev.zero(a, 0..n)?;
             }

@@ -285,11 +285,11 @@ class Runtime:
         if running and self.stage3:
             if self.in_backward:
                 if not self.filled.get(u.index) and not self.native.grads_complete(u.index):
-                    self.gather(u)
+                    self.fetch(u)
                 return
             n = self.refs.get(u.index, 0)
             if n == 0:
-                self.gather(u)
+                self.fetch(u)
             self.refs[u.index] = n + 1
 
     def _predict(self) -> None:
@@ -471,16 +471,16 @@ class Runtime:
                 "added: the parameters stay as they are"
             )
 
-    def gather(self, u: Unit) -> None:
-        """Makes the unit's values available (a collective in stage 3)."""
+    def fetch(self, u: Unit) -> None:
+        """Makes the unit's values available (``NativeEngine.fetch``: an all-gather in stage 3)."""
         self.native.fetch(u.index)
         if self.stage3 and not self.filled[u.index]:
             self._fill(u)
             # Torch reads the gathered values only after the all-gather wrote them.
             self.cross()
 
-    def scatter(self, u: Unit) -> None:
-        """The unit is done for now (stage 3 frees it): its parameters stop viewing the
+    def release(self, u: Unit) -> None:
+        """The unit is done for now (``NativeEngine.release``; stage 3 frees it): its parameters stop viewing the
         bucket first, and the engine frees it only after torch's work so far."""
         if self.stage3:
             self._drop(u)
@@ -625,11 +625,11 @@ class Runtime:
                     )
                     raise self.error
                 if not self.filled.get(u.index):
-                    self.gather(u)
+                    self.fetch(u)
                 continue
             n = self.refs.get(u.index, 0)
             if n == 0:
-                self.gather(u)
+                self.fetch(u)
             self.refs[u.index] = n + 1
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -643,7 +643,7 @@ class Runtime:
                 n = self.refs.get(u.index, 1) - 1
                 self.refs[u.index] = n
                 if n == 0:
-                    self.scatter(u)
+                    self.release(u)
         if not torch.is_grad_enabled():
             return
         hook = self.pre_backward.get(id(module))
@@ -680,7 +680,7 @@ class Runtime:
         self._enter_backward()
         for u in units:
             if self.stage3 and not self.filled.get(u.index) and not self.native.grads_complete(u.index):
-                self.gather(u)
+                self.fetch(u)
 
     def _grad_hook(self, param: torch.Tensor) -> None:
         try:
@@ -714,7 +714,7 @@ class Runtime:
             raise
         param.grad = None
         if complete and self.stage3 and self.filled.get(u.index):
-            self.scatter(u)
+            self.release(u)
 
     def settle_collectives(self) -> None:
         """Where torch's default group is NCCL, waits for zero's collectives in flight
@@ -748,7 +748,7 @@ class Runtime:
                     self._unhook_modules()
             for u in self.order:
                 if self.stage3 and self.filled.get(u.index):
-                    self.scatter(u)
+                    self.release(u)
             self.settle_collectives()
         finally:
             self.refs.clear()

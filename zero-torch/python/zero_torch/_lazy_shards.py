@@ -11,6 +11,11 @@ whole plus ``1/world`` of the rest, and the bytes crossing are the model's once.
 engine is built it gathers one parameter at a time from the shards (every rank asks in the
 same order: the collectives line up) and keeps the ranges it owns.
 
+These shards are not the engine's partitions (ARCHITECTURE.md, "Words"): the engine's
+partitions cut buckets whose layout follows the first forward's order and the bucket
+sizes, and no engine exists yet when transformers writes the weights, so each parameter is
+split alone here and read back by the engine's build parameter by parameter.
+
 All collectives run on the CPU, over zero's host group (``_dist.host_group``: torch's
 default group where it is gloo, else a gloo group over the same ranks), as bytes: one per
 dtype per block."""

@@ -130,7 +130,7 @@ class GatheredParameters:
                 self._units.append(u)
         for u in sorted(self._units, key=lambda u: u.index):
             if rt.stage3 and not rt.filled.get(u.index):
-                rt.gather(u)
+                rt.fetch(u)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -144,7 +144,7 @@ class GatheredParameters:
             self._engine._take_modified(self.params, self.modifier_rank)
         for u in sorted(self._units, key=lambda u: u.index):
             if rt.stage3 and rt.filled.get(u.index):
-                rt.scatter(u)
+                rt.release(u)
         rt.abandon()
 
     def _exit_before_engine(self, raised: bool) -> None:

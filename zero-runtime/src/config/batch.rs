@@ -2,6 +2,9 @@
 //! `gradient_accumulation_steps`.
 
 use super::json::{Auto, Obj};
+use super::top_keys::{
+    GRADIENT_ACCUMULATION_STEPS, TRAIN_BATCH_SIZE, TRAIN_MICRO_BATCH_SIZE_PER_GPU,
+};
 use super::ConfigError;
 
 fn given(o: &Obj, key: &str) -> Result<Option<u64>, ConfigError> {
@@ -13,9 +16,9 @@ fn given(o: &Obj, key: &str) -> Result<Option<u64>, ConfigError> {
 }
 
 pub(super) fn batch(top: &Obj, world: u64) -> Result<(u64, u64, u64), ConfigError> {
-    let tbs = given(top, "train_batch_size")?;
-    let mb = given(top, "train_micro_batch_size_per_gpu")?;
-    let gas = given(top, "gradient_accumulation_steps")?;
+    let tbs = given(top, TRAIN_BATCH_SIZE.name)?;
+    let mb = given(top, TRAIN_MICRO_BATCH_SIZE_PER_GPU.name)?;
+    let gas = given(top, GRADIENT_ACCUMULATION_STEPS.name)?;
     let split = |total: u64, by: u64, what: &str| {
         if total % by == 0 {
             Ok(total / by)

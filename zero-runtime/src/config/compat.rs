@@ -1,6 +1,7 @@
 //! DeepSpeed's top-level keys zero accepts without implementing them: feature sections
 //! accepted while disabled, keys that change nothing zero computes, and `bfloat16`.
 
+use super::top_keys::{STEPS_PER_PRINT, TOP};
 use super::ConfigError;
 use serde_json::{json, Value};
 
@@ -71,15 +72,18 @@ const ACCEPTED: &[&str] = &[
 ];
 
 /// Checks DeepSpeed's keys that zero accepts without implementing them, and returns the
-/// config with them taken out (and `bfloat16` read as `bf16`, as DeepSpeed reads it).
+/// config with them taken out (and the top level's aliases, `bfloat16`, read as their
+/// keys when those are absent, as DeepSpeed reads it).
 pub(super) fn deepspeed_keys(v: &Value, notes: &mut Vec<String>) -> Result<Value, ConfigError> {
     let mut v = v.clone();
     let Some(map) = v.as_object_mut() else {
         return Ok(v);
     };
-    if let Some(b) = map.remove("bfloat16") {
-        if !map.contains_key("bf16") {
-            map.insert("bf16".into(), b);
+    for (alias, name) in TOP.aliases() {
+        if let Some(b) = map.remove(alias) {
+            if !map.contains_key(name) {
+                map.insert(name.into(), b);
+            }
         }
     }
     for (key, what) in FEATURES {
@@ -137,9 +141,9 @@ pub(super) fn deepspeed_keys(v: &Value, notes: &mut Vec<String>) -> Result<Value
             notes.push("dataloader_drop_last: read by the front-end's dataloader".into());
         }
     }
-    if let Some(Value::Number(n)) = map.get("steps_per_print") {
+    if let Some(Value::Number(n)) = map.get(STEPS_PER_PRINT.name) {
         if n.as_f64().is_some_and(|x| x >= 1.8e19) {
-            map.insert("steps_per_print".into(), json!(u64::MAX / 2));
+            map.insert(STEPS_PER_PRINT.name.into(), json!(u64::MAX / 2));
         }
     }
     Ok(v)

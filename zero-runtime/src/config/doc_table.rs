@@ -1,11 +1,12 @@
 //! docs/CONFIG.md's `## Keys` rows for the sections declared in key tables, rendered from
 //! those tables, and the test that the doc holds exactly them.
 
-use super::keys::{Key, KeyDefault, Section};
+use super::keys::{DocNames, Fixed, Key, KeyDefault, Section};
+use super::top_keys::TOP;
 use super::zero_keys::ZERO;
 
 /// The sections whose doc rows come from their tables.
-const SECTIONS: &[Section] = &[ZERO];
+const SECTIONS: &[Section] = &[TOP, ZERO];
 
 /// A count as the doc writes it: `5e8` for 500,000,000 (one digit times a power of ten
 /// from 1e4 up), the number itself otherwise.
@@ -23,45 +24,90 @@ fn count_text(n: u64) -> String {
     }
 }
 
+/// A value as the doc writes it in JSON.
+fn json_text(v: Fixed) -> String {
+    match v {
+        Fixed::Str(t) => format!("{t:?}"),
+        Fixed::Float(x) => format!("{x:?}"),
+        other => other.value().to_string(),
+    }
+}
+
+/// A value accepted only at DeepSpeed's default as the doc writes it: strings as code,
+/// the rest bare.
+fn fixed_text(v: Fixed) -> String {
+    match v {
+        Fixed::Str(t) => format!("`{t}`"),
+        other => json_text(other),
+    }
+}
+
 fn default_text(key: &Key) -> String {
     match key.default {
         KeyDefault::Count(n) => count_text(n),
         KeyDefault::Bool(b) => b.to_string(),
         KeyDefault::Float(x) => format!("{x:?}"),
         KeyDefault::Text(t) => t.to_string(),
-        KeyDefault::Only(v) => v.value().to_string(),
+        KeyDefault::Only(v) => fixed_text(v),
+    }
+}
+
+/// How a row names `key`; `first`: in the section's first row.
+fn name_text(section: &Section, key: &Key, first: bool) -> String {
+    match section.names {
+        DocNames::Path => {
+            let full = if section.path.is_empty() {
+                key.name.to_string()
+            } else {
+                format!("{}.{}", section.path, key.name)
+            };
+            match key.alias {
+                Some(alias) => format!("`{full}` (alias `{alias}`)"),
+                None => format!("`{full}`"),
+            }
+        }
+        DocNames::FirstPath if first => format!("`{}.{}`", section.path, key.name),
+        DocNames::FirstPath => format!("`{}`", key.name),
     }
 }
 
 /// The section's rows: one per key with a doc, keys next to each other with the same
-/// default and notes sharing one row. The first row names its key by its full path, the
-/// rest by their own names (the doc lists a section's keys under its first).
+/// notes sharing one row, whose default column is the one the keys give for it, else
+/// their common default, else their defaults one after another.
 fn rows(section: &Section) -> Vec<String> {
-    let mut groups: Vec<(Vec<&str>, String, &str)> = Vec::new();
-    for key in section.keys.iter().filter(|k| !k.doc.is_empty()) {
-        let default = default_text(key);
+    let mut groups: Vec<(Vec<&Key>, &str)> = Vec::new();
+    for key in section.keys {
+        let Some(doc) = key.doc else { continue };
         match groups.last_mut() {
-            Some((names, d, doc)) if *d == default && *doc == key.doc => names.push(key.name),
-            _ => groups.push((vec![key.name], default, key.doc)),
+            Some((keys, d)) if *d == doc => keys.push(key),
+            _ => groups.push((vec![key], doc)),
         }
     }
     groups
         .iter()
         .enumerate()
-        .map(|(i, (names, default, doc))| {
-            let names: Vec<String> = names
-                .iter()
-                .map(|n| {
-                    if i == 0 {
-                        format!("`{}.{n}`", section.path)
-                    } else {
-                        format!("`{n}`")
-                    }
-                })
-                .collect();
-            format!("| {} | {default} | {doc} |", names.join(", "))
+        .map(|(i, (keys, doc))| {
+            let names: Vec<String> = keys.iter().map(|k| name_text(section, k, i == 0)).collect();
+            let mut defaults: Vec<String> = keys.iter().map(|k| default_text(k)).collect();
+            defaults.dedup();
+            let default = keys[0]
+                .doc_default
+                .map_or_else(|| defaults.join(", "), str::to_string);
+            let row = format!("| {} | {default} | {doc}", names.join(", "));
+            format!("{} |", row.trim_end())
         })
         .collect()
+}
+
+/// The section's rows in the runs the doc keeps together: a section's rows one after
+/// another, each of the top level's rows on its own (they sit among the sections').
+fn blocks(section: &Section) -> Vec<Vec<String>> {
+    let rows = rows(section);
+    if section.path.is_empty() {
+        rows.into_iter().map(|r| vec![r]).collect()
+    } else {
+        vec![rows]
+    }
 }
 
 /// The rows of docs/CONFIG.md's `## Keys` table.
@@ -81,18 +127,25 @@ fn doc_table() -> Vec<String> {
 fn config_md_rows_are_the_key_tables() {
     let table = doc_table();
     for section in SECTIONS {
-        let expected = rows(section);
-        let at = table.windows(expected.len()).position(|w| w == expected);
-        assert!(
-            at.is_some(),
-            "docs/CONFIG.md's `## Keys` table should hold these rows of `{}`, one after another, as its key table (zero-runtime/src/config) renders them:\n{}",
-            section.path,
-            expected.join("\n")
-        );
+        let name = if section.path.is_empty() {
+            "the top level".to_string()
+        } else {
+            format!("`{}`", section.path)
+        };
+        let mut rendered = Vec::new();
+        for expected in blocks(section) {
+            let at = table.windows(expected.len()).position(|w| w == expected);
+            assert!(
+                at.is_some(),
+                "docs/CONFIG.md's `## Keys` table should hold these rows of {name}, one after another, as its key table (zero-runtime/src/config) renders them:\n{}",
+                expected.join("\n")
+            );
+            let at = at.unwrap_or(0);
+            rendered.extend(at..at + expected.len());
+        }
         // No other row documents one of the section's keys a second time.
-        let at = at.unwrap_or(0);
         for (i, row) in table.iter().enumerate() {
-            if (at..at + expected.len()).contains(&i) {
+            if rendered.contains(&i) {
                 continue;
             }
             let first = row.split(" | ").next().unwrap_or("");

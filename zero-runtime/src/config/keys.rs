@@ -8,11 +8,15 @@ use serde_json::Value;
 /// One section's keys, in the order they are checked and documented.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Section {
-    /// The section's dotted path (`zero_optimization`).
+    /// The section's dotted path (`zero_optimization`; empty for the top level).
     pub path: &'static str,
+    /// How docs/CONFIG.md's rows name the keys.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub names: DocNames,
     /// The keys. Their order is the order of the suggestions' candidates (keys zero reads
     /// first, then the keys it accepts only at DeepSpeed's default, each in table order),
-    /// of the aliases and of the doc's rows.
+    /// of the aliases and of the section's doc rows (the top level's rows each stand where
+    /// the doc puts them, among the sections' rows).
     pub keys: &'static [Key],
 }
 
@@ -27,10 +31,26 @@ pub(super) struct Key {
     pub default: KeyDefault,
     /// The stages the key applies to.
     pub applies: Applies,
-    /// The notes column of docs/CONFIG.md's row; empty: no row. Read by the test that
-    /// checks the doc (`doc_table`).
+    /// The notes column of docs/CONFIG.md's row; `None`: no row. Keys next to each other
+    /// with the same notes share one row. Read by the test that checks the doc
+    /// (`doc_table`).
     #[cfg_attr(not(test), allow(dead_code))]
-    pub doc: &'static str,
+    pub doc: Option<&'static str>,
+    /// The default column of a row that names several keys, where the doc words their
+    /// defaults together; `None`: their common default, or their defaults one after
+    /// another.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub doc_default: Option<&'static str>,
+}
+
+/// How a section's doc rows name its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DocNames {
+    /// Every key by its full path, with its alias (`` `bf16` (alias `bfloat16`) ``).
+    Path,
+    /// The first row's key by its full path, the rest by their own names (the doc lists
+    /// the section's keys under its first); aliases are not shown.
+    FirstPath,
 }
 
 /// A key's default.
@@ -78,14 +98,15 @@ pub(super) enum Applies {
 }
 
 impl Key {
-    /// A key zero reads, with its default, applying at every stage, with no doc row yet.
+    /// A key zero reads, with its default, applying at every stage, with no doc row.
     pub const fn new(name: &'static str, default: KeyDefault) -> Self {
         Self {
             name,
             alias: None,
             default,
             applies: Applies::Always,
-            doc: "",
+            doc: None,
+            doc_default: None,
         }
     }
 
@@ -112,7 +133,18 @@ impl Key {
 
     /// With the notes of its doc row.
     pub const fn doc(self, doc: &'static str) -> Self {
-        Self { doc, ..self }
+        Self {
+            doc: Some(doc),
+            ..self
+        }
+    }
+
+    /// With the default column of the row it shares with the keys next to it.
+    pub const fn doc_default(self, text: &'static str) -> Self {
+        Self {
+            doc_default: Some(text),
+            ..self
+        }
     }
 
     /// The default of a count key (use it in `const { }`, where another kind fails to

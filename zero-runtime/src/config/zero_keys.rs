@@ -1,12 +1,12 @@
 //! The `zero_optimization` section's keys (DeepSpeed's `DeepSpeedZeroConfig`).
 
-use super::keys::{Fixed, Key, KeyDefault, Section};
+use super::keys::{DocNames, Fixed, Key, KeyDefault, Section};
 
-/// The `zero_optimization` section. Its doc rows name the first key by its full path and
-/// the rest by their own names. The keys accepted only at DeepSpeed's default sit among
+/// The `zero_optimization` section. The keys accepted only at DeepSpeed's default sit among
 /// the others where their aliases keep the order in which aliases are read.
 pub(super) const ZERO: Section = Section {
     path: "zero_optimization",
+    names: DocNames::FirstPath,
     keys: &[
         STAGE,
         OVERLAP_COMM,

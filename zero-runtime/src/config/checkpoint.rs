@@ -1,5 +1,8 @@
 //! The `checkpoint` section.
 
+use super::checkpoint_keys::{
+    CHECKPOINT_SECTION, LOAD_UNIVERSAL, TAG_VALIDATION, USE_NODE_LOCAL_STORAGE,
+};
 use super::json::Obj;
 use super::ConfigError;
 use serde_json::json;
@@ -30,13 +33,14 @@ pub struct CheckpointConfig {
 
 pub(super) fn checkpoint(top: &Obj) -> Result<CheckpointConfig, ConfigError> {
     let empty = json!({});
+    let s = &CHECKPOINT_SECTION;
     let o = Obj::new(
-        "checkpoint",
-        top.get("checkpoint").unwrap_or(&empty),
-        &["tag_validation", "load_universal", "use_node_local_storage"],
-        &[("parallel_write", json!({"pipeline_stage": false}))],
+        s.path,
+        top.get(s.path).unwrap_or(&empty),
+        &s.known(),
+        &s.unsupported(),
     )?;
-    let tag_validation = match o.str("tag_validation")? {
+    let tag_validation = match o.str(TAG_VALIDATION.name)? {
         None => TagValidation::Warn,
         Some(v) => match v.to_ascii_lowercase().as_str() {
             "ignore" => TagValidation::Ignore,
@@ -44,7 +48,7 @@ pub(super) fn checkpoint(top: &Obj) -> Result<CheckpointConfig, ConfigError> {
             "fail" => TagValidation::Fail,
             _ => {
                 return Err(o.invalid(
-                    "tag_validation",
+                    TAG_VALIDATION.name,
                     &format!("`{v}`: expected Ignore, Warn or Fail"),
                 ))
             }
@@ -52,7 +56,10 @@ pub(super) fn checkpoint(top: &Obj) -> Result<CheckpointConfig, ConfigError> {
     };
     Ok(CheckpointConfig {
         tag_validation,
-        load_universal: o.bool_or("load_universal", false)?,
-        use_node_local_storage: o.bool_or("use_node_local_storage", false)?,
+        load_universal: o.bool_or(LOAD_UNIVERSAL.name, const { LOAD_UNIVERSAL.flag() })?,
+        use_node_local_storage: o.bool_or(
+            USE_NODE_LOCAL_STORAGE.name,
+            const { USE_NODE_LOCAL_STORAGE.flag() },
+        )?,
     })
 }

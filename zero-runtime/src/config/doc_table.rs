@@ -1,12 +1,14 @@
 //! docs/CONFIG.md's `## Keys` rows for the sections declared in key tables, rendered from
 //! those tables, and the test that the doc holds exactly them.
 
+use super::checkpoint_keys::CHECKPOINT_SECTION;
 use super::keys::{DocNames, Fixed, Key, KeyDefault, Section};
+use super::precision_keys::DATA_TYPES_SECTION;
 use super::top_keys::TOP;
 use super::zero_keys::ZERO;
 
 /// The sections whose doc rows come from their tables.
-const SECTIONS: &[Section] = &[TOP, ZERO];
+const SECTIONS: &[Section] = &[TOP, DATA_TYPES_SECTION, ZERO, CHECKPOINT_SECTION];
 
 /// A count as the doc writes it: `5e8` for 500,000,000 (one digit times a power of ten
 /// from 1e4 up), the number itself otherwise.
@@ -28,16 +30,24 @@ fn count_text(n: u64) -> String {
 fn json_text(v: Fixed) -> String {
     match v {
         Fixed::Str(t) => format!("{t:?}"),
+        Fixed::Object(fields) => {
+            let fields: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{k:?}: {}", json_text(*v)))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
         Fixed::Float(x) => format!("{x:?}"),
         other => other.value().to_string(),
     }
 }
 
-/// A value accepted only at DeepSpeed's default as the doc writes it: strings as code,
-/// the rest bare.
+/// A value accepted only at DeepSpeed's default as the doc writes it: strings and
+/// objects as code, the rest bare.
 fn fixed_text(v: Fixed) -> String {
     match v {
         Fixed::Str(t) => format!("`{t}`"),
+        Fixed::Object(_) => format!("`{}`", json_text(v)),
         other => json_text(other),
     }
 }

@@ -83,6 +83,8 @@ pub(super) enum Fixed {
     Float(f64),
     /// A string.
     Str(&'static str),
+    /// An object.
+    Object(&'static [(&'static str, Fixed)]),
 }
 
 /// The stages a key applies to.
@@ -184,6 +186,12 @@ impl Fixed {
             Fixed::Int(i) => Value::from(i),
             Fixed::Float(x) => Value::from(x),
             Fixed::Str(t) => Value::from(t),
+            Fixed::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), v.value()))
+                    .collect(),
+            ),
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod batch;
 mod checkpoint;
+mod checkpoint_keys;
 mod compat;
 #[cfg(test)]
 mod doc_table;
@@ -21,6 +22,7 @@ mod keys;
 mod offload;
 mod optimizer;
 mod precision;
+mod precision_keys;
 mod scheduler;
 mod top_keys;
 mod zero_keys;

@@ -2,8 +2,14 @@
 //! scaling, and the dtype gradients are summed in.
 
 use super::json::Obj;
+use super::keys::Section;
+use super::precision_keys::{
+    BF16_SECTION, CONSECUTIVE_HYSTERESIS, DATA_TYPES_SECTION, ENABLED, FP16_SECTION,
+    GRAD_ACCUM_DTYPE, HYSTERESIS, INITIAL_SCALE_POWER, LOSS_SCALE, LOSS_SCALE_WINDOW,
+    MIN_LOSS_SCALE, PARAM_DTYPE,
+};
 use super::ConfigError;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Training precision of parameters and gradients (master weights are always fp32).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,14 +70,12 @@ pub(super) fn grad_accum_dtype(
     precision: Precision,
 ) -> Result<GradAccumDtype, ConfigError> {
     let empty = json!({});
+    let s = &DATA_TYPES_SECTION;
     let o = Obj::new(
-        "data_types",
-        top.get("data_types").unwrap_or(&empty),
-        &["grad_accum_dtype", "param_dtype"],
-        &[
-            ("buffer_dtype", Value::Null),
-            ("keep_in_fp32_modules", json!("auto")),
-        ],
+        s.path,
+        top.get(s.path).unwrap_or(&empty),
+        &s.known(),
+        &s.unsupported(),
     )?;
     let training = precision.name();
     let parse = |key: &str| -> Result<Option<&'static str>, ConfigError> {
@@ -91,22 +95,22 @@ pub(super) fn grad_accum_dtype(
             }
         }))
     };
-    if let Some(p) = parse("param_dtype")? {
+    if let Some(p) = parse(PARAM_DTYPE.name)? {
         if p != training {
             return Err(o.invalid(
-                "param_dtype",
+                PARAM_DTYPE.name,
                 &format!(
                     "`{p}` differs from the training dtype ({training}), as DeepSpeed refuses"
                 ),
             ));
         }
     }
-    match parse("grad_accum_dtype")? {
+    match parse(GRAD_ACCUM_DTYPE.name)? {
         None => Ok(GradAccumDtype::Model),
         Some(a) if a == training => Ok(GradAccumDtype::Model),
         Some("fp32") => Ok(GradAccumDtype::Fp32),
         Some(a) => Err(ConfigError::Unsupported {
-            key: "data_types.grad_accum_dtype".into(),
+            key: o.path(GRAD_ACCUM_DTYPE.name),
             reason: format!(
                 "`{a}` with {training} training: gradients are summed in the training dtype or in fp32"
             ),
@@ -115,43 +119,18 @@ pub(super) fn grad_accum_dtype(
 }
 
 pub(super) fn precision(top: &Obj) -> Result<Precision, ConfigError> {
-    let enabled = |key: &str,
-                   known: &[&str],
-                   unsupported: &[(&str, Value)]|
-     -> Result<Option<Obj>, ConfigError> {
-        match top.get(key) {
+    let enabled = |s: &Section| -> Result<Option<Obj>, ConfigError> {
+        match top.get(s.path) {
             None => Ok(None),
             Some(v) => {
-                let o = Obj::new(key, v, known, unsupported)?;
-                Ok(o.bool_or("enabled", false)?.then_some(o))
+                let o = Obj::new(s.path, v, &s.known(), &s.unsupported())?;
+                Ok(o.bool_or(ENABLED.name, const { ENABLED.flag() })?
+                    .then_some(o))
             }
         }
     };
-    let fp16 = enabled(
-        "fp16",
-        &[
-            "enabled",
-            "loss_scale",
-            "initial_scale_power",
-            "loss_scale_window",
-            "hysteresis",
-            "consecutive_hysteresis",
-            "min_loss_scale",
-        ],
-        &[
-            ("auto_cast", json!(false)),
-            ("fp16_master_weights_and_grads", json!(false)),
-        ],
-    )?;
-    let bf16 = enabled(
-        "bf16",
-        &["enabled", "check_grad_overflow"],
-        &[
-            ("bf16_master_weights_and_grads", json!(false)),
-            ("bf16_optimizer_states", json!(false)),
-            ("immediate_grad_update", json!(false)),
-        ],
-    )?;
+    let fp16 = enabled(&FP16_SECTION)?;
+    let bf16 = enabled(&BF16_SECTION)?;
     match (fp16, bf16) {
         (Some(_), Some(_)) => Err(ConfigError::Inconsistent(
             "fp16 and bf16 are both enabled".into(),
@@ -160,21 +139,33 @@ pub(super) fn precision(top: &Obj) -> Result<Precision, ConfigError> {
         (None, None) => Ok(Precision::Fp32),
         (Some(o), None) => {
             let cfg = LossScaleConfig {
-                loss_scale: o.f64_or("loss_scale", 0.0)?,
-                initial_scale_power: o.count_or("initial_scale_power", 16)?.min(127) as u32,
-                loss_scale_window: o.count_or("loss_scale_window", 1000)?.max(1),
-                hysteresis: o.count_or("hysteresis", 2)?.max(1),
-                consecutive_hysteresis: o.bool_or("consecutive_hysteresis", false)?,
-                min_loss_scale: o.f64_or("min_loss_scale", 1.0)?,
+                loss_scale: o.f64_or(LOSS_SCALE.name, const { LOSS_SCALE.float() })?,
+                initial_scale_power: o
+                    .count_or(
+                        INITIAL_SCALE_POWER.name,
+                        const { INITIAL_SCALE_POWER.count() },
+                    )?
+                    .min(127) as u32,
+                loss_scale_window: o
+                    .count_or(LOSS_SCALE_WINDOW.name, const { LOSS_SCALE_WINDOW.count() })?
+                    .max(1),
+                hysteresis: o
+                    .count_or(HYSTERESIS.name, const { HYSTERESIS.count() })?
+                    .max(1),
+                consecutive_hysteresis: o.bool_or(
+                    CONSECUTIVE_HYSTERESIS.name,
+                    const { CONSECUTIVE_HYSTERESIS.flag() },
+                )?,
+                min_loss_scale: o.f64_or(MIN_LOSS_SCALE.name, const { MIN_LOSS_SCALE.float() })?,
             };
             if cfg.loss_scale < 0.0 || !cfg.loss_scale.is_finite() {
                 return Err(o.invalid(
-                    "loss_scale",
+                    LOSS_SCALE.name,
                     "must be 0 (dynamic) or a positive static scale",
                 ));
             }
             if cfg.min_loss_scale <= 0.0 || cfg.min_loss_scale.is_nan() {
-                return Err(o.invalid("min_loss_scale", "must be > 0"));
+                return Err(o.invalid(MIN_LOSS_SCALE.name, "must be > 0"));
             }
             Ok(Precision::Fp16(cfg))
         }

@@ -1,14 +1,21 @@
-//! docs/CONFIG.md's `## Keys` rows for the sections declared in key tables, rendered from
-//! those tables, and the test that the doc holds exactly them.
+//! docs/CONFIG.md's `## Keys` rows, rendered from the key tables, and the tests that the
+//! doc holds exactly them.
 
 use super::checkpoint_keys::CHECKPOINT_SECTION;
 use super::keys::{DocNames, Fixed, Key, KeyDefault, Section};
+use super::optimizer_keys::OPTIMIZER_SECTION;
 use super::precision_keys::DATA_TYPES_SECTION;
 use super::top_keys::TOP;
 use super::zero_keys::ZERO;
 
 /// The sections whose doc rows come from their tables.
-const SECTIONS: &[Section] = &[TOP, DATA_TYPES_SECTION, ZERO, CHECKPOINT_SECTION];
+const SECTIONS: &[Section] = &[
+    TOP,
+    OPTIMIZER_SECTION,
+    DATA_TYPES_SECTION,
+    ZERO,
+    CHECKPOINT_SECTION,
+];
 
 /// A count as the doc writes it: `5e8` for 500,000,000 (one digit times a power of ten
 /// from 1e4 up), the number itself otherwise.
@@ -57,6 +64,7 @@ fn default_text(key: &Key) -> String {
         KeyDefault::Count(n) => count_text(n),
         KeyDefault::Bool(b) => b.to_string(),
         KeyDefault::Float(x) => format!("{x:?}"),
+        KeyDefault::Pair(a, b) => format!("[{a:?}, {b:?}]"),
         KeyDefault::Text(t) => t.to_string(),
         KeyDefault::Only(v) => fixed_text(v),
     }
@@ -168,6 +176,17 @@ fn config_md_rows_are_the_key_tables() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn config_md_has_no_row_outside_the_key_tables() {
+    let rendered: Vec<String> = SECTIONS.iter().flat_map(rows).collect();
+    for row in doc_table().iter().skip(2) {
+        assert!(
+            rendered.contains(row),
+            "docs/CONFIG.md's `## Keys` table has a row no key table (zero-runtime/src/config) renders: {row}"
+        );
     }
 }
 

@@ -62,6 +62,8 @@ pub(super) enum KeyDefault {
     Bool(bool),
     /// A number.
     Float(f64),
+    /// Two numbers (`betas`).
+    Pair(f64, f64),
     /// A default the parser works out (from other keys, or a subsection's own keys), as
     /// the doc words it.
     Text(&'static str),
@@ -164,6 +166,15 @@ impl Key {
         match self.default {
             KeyDefault::Float(x) => x,
             _ => panic!("not a number key"),
+        }
+    }
+
+    /// The default of a two-number key (use it in `const { }`, where another kind fails
+    /// to compile).
+    pub const fn pair(&self) -> (f64, f64) {
+        match self.default {
+            KeyDefault::Pair(a, b) => (a, b),
+            _ => panic!("not a two-number key"),
         }
     }
 

@@ -1,6 +1,10 @@
 //! The `optimizer` section.
 
 use super::json::Obj;
+use super::optimizer_keys::{
+    ADAM_PARAMS, ADAM_W_MODE, BETAS, BIAS_CORRECTION, EPS, LR, OPTIMIZER_SECTION, PARAMS,
+    TORCH_ADAM, TYPE, WEIGHT_DECAY,
+};
 use super::ConfigError;
 use serde_json::{json, Value};
 use zero_kernels::{AdamConfig, WeightDecay};
@@ -25,7 +29,7 @@ impl OptimizerConfig {
     /// cannot step itself.
     pub fn adam(&self) -> Result<AdamConfig, ConfigError> {
         self.adam.ok_or_else(|| ConfigError::Unsupported {
-            key: "optimizer.type".into(),
+            key: format!("{}.{}", OPTIMIZER_SECTION.path, TYPE.name),
             reason: format!(
                 "`{}` is not built into zero-runtime (it implements Adam and AdamW); a front-end can step it on the rank's fp32 shard (zero-torch builds torch.optim.{})",
                 self.name, self.name
@@ -50,30 +54,34 @@ const DEEPSPEED_ONLY_OPTIMIZERS: &[(&str, &str)] = &[
 ];
 
 pub(super) fn optimizer(top: &Obj) -> Result<Option<OptimizerConfig>, ConfigError> {
-    let Some(v) = top.get("optimizer") else {
+    let s = &OPTIMIZER_SECTION;
+    let Some(v) = top.get(s.path) else {
         return Ok(None);
     };
-    let o = Obj::new("optimizer", v, &["type", "params"], &[])?;
-    let Some(ty) = o.str("type")? else {
+    let o = Obj::new(s.path, v, &s.known(), &s.unsupported())?;
+    let Some(ty) = o.str(TYPE.name)? else {
         // DeepSpeed reads an optimizer section without a type as no optimizer.
         return Ok(None);
     };
     let lower = ty.to_ascii_lowercase();
     let empty = json!({});
-    let params = o.get("params").unwrap_or(&empty).clone();
+    let params = o.get(PARAMS.name).unwrap_or(&empty).clone();
     if let Some(map) = params.as_object() {
         if map.contains_key("max_grad_norm") {
             return Err(ConfigError::InvalidValue {
-                key: "optimizer.params.max_grad_norm".into(),
+                key: format!("{}.max_grad_norm", o.path(PARAMS.name)),
                 reason: "not an optimizer parameter: use the top-level `gradient_clipping` (as DeepSpeed requires)".into(),
             });
         }
     } else {
-        return Err(o.invalid("params", &format!("expected a JSON object, got {params}")));
+        return Err(o.invalid(
+            PARAMS.name,
+            &format!("expected a JSON object, got {params}"),
+        ));
     }
     if let Some((_, what)) = DEEPSPEED_ONLY_OPTIMIZERS.iter().find(|(n, _)| *n == lower) {
         return Err(ConfigError::Unsupported {
-            key: "optimizer.type".into(),
+            key: o.path(TYPE.name),
             reason: format!("`{ty}` ({what}) is not implemented by zero: use Adam, AdamW, or a torch.optim optimizer"),
         });
     }
@@ -103,58 +111,38 @@ pub(super) fn optimizer(top: &Obj) -> Result<Option<OptimizerConfig>, ConfigErro
 /// optimizer), whose weight decay defaults to 0. Every other default is the same in all
 /// of them: lr 1e-3, betas (0.9, 0.999), eps 1e-8, bias correction on.
 fn adam_family(name: &str, params: &Value) -> Result<AdamConfig, ConfigError> {
-    let p = Obj::new(
-        "optimizer.params",
-        params,
-        &[
-            "lr",
-            "betas",
-            "eps",
-            "weight_decay",
-            "bias_correction",
-            "adam_w_mode",
-            "torch_adam",
-            "fp32_optimizer_states",
-            "set_grad_none",
-            "foreach",
-        ],
-        &[
-            ("amsgrad", json!(false)),
-            ("fused", Value::Null),
-            ("maximize", json!(false)),
-            ("capturable", json!(false)),
-            ("differentiable", json!(false)),
-        ],
-    )?;
-    let betas = match p.get("betas") {
-        None => (0.9, 0.999),
-        Some(Value::String(s)) if s == "auto" => (0.9, 0.999),
+    let s = &ADAM_PARAMS;
+    let p = Obj::new(s.path, params, &s.known(), &s.unsupported())?;
+    let default_betas = const { BETAS.pair() };
+    let betas = match p.get(BETAS.name) {
+        None => default_betas,
+        Some(Value::String(s)) if s == "auto" => default_betas,
         Some(Value::Array(a)) if a.len() == 2 => match (a[0].as_f64(), a[1].as_f64()) {
             (Some(b1), Some(b2)) => (b1, b2),
-            _ => return Err(p.invalid("betas", "expected two numbers")),
+            _ => return Err(p.invalid(BETAS.name, "expected two numbers")),
         },
         Some(other) => {
-            return Err(p.invalid("betas", &format!("expected [beta1, beta2], got {other}")))
+            return Err(p.invalid(BETAS.name, &format!("expected [beta1, beta2], got {other}")))
         }
     };
-    let torch_adam = p.bool_or("torch_adam", false)?;
-    let decoupled = name == "adamw" || p.bool_or("adam_w_mode", true)?;
+    let torch_adam = p.bool_or(TORCH_ADAM.name, const { TORCH_ADAM.flag() })?;
+    let decoupled = name == "adamw" || p.bool_or(ADAM_W_MODE.name, const { ADAM_W_MODE.flag() })?;
     let default_decay = if torch_adam && decoupled { 0.01 } else { 0.0 };
     let adam = AdamConfig {
-        lr: p.f64_or("lr", 1e-3)? as f32,
+        lr: p.f64_or(LR.name, const { LR.float() })? as f32,
         beta1: betas.0 as f32,
         beta2: betas.1 as f32,
-        eps: p.f64_or("eps", 1e-8)? as f32,
-        weight_decay: p.f64_or("weight_decay", default_decay)? as f32,
+        eps: p.f64_or(EPS.name, const { EPS.float() })? as f32,
+        weight_decay: p.f64_or(WEIGHT_DECAY.name, default_decay)? as f32,
         decay: if decoupled {
             WeightDecay::Decoupled
         } else {
             WeightDecay::L2
         },
-        bias_correction: p.bool_or("bias_correction", true)?,
+        bias_correction: p.bool_or(BIAS_CORRECTION.name, const { BIAS_CORRECTION.flag() })?,
     };
     adam.validate().map_err(|e| ConfigError::InvalidValue {
-        key: "optimizer.params".into(),
+        key: s.path.into(),
         reason: e.to_string(),
     })?;
     Ok(adam)

@@ -1,6 +1,13 @@
 //! The `scheduler` section.
 
 use super::json::{Auto, Obj};
+use super::keys::Section;
+use super::optimizer_keys::{PARAMS, TYPE};
+use super::scheduler_keys::{
+    COS_MIN_RATIO, SCHEDULER_SECTION, TOTAL_NUM_STEPS, WARMUP_COSINE_LR_PARAMS,
+    WARMUP_DECAY_LR_PARAMS, WARMUP_LR_PARAMS, WARMUP_MAX_LR, WARMUP_MIN_LR, WARMUP_MIN_RATIO,
+    WARMUP_NUM_STEPS, WARMUP_TYPE,
+};
 use super::ConfigError;
 use serde_json::json;
 
@@ -58,90 +65,84 @@ pub enum SchedulerConfig {
 }
 
 pub(super) fn scheduler(top: &Obj) -> Result<Option<SchedulerConfig>, ConfigError> {
-    let Some(v) = top.get("scheduler") else {
+    let s = &SCHEDULER_SECTION;
+    let Some(v) = top.get(s.path) else {
         return Ok(None);
     };
-    let o = Obj::new("scheduler", v, &["type", "params"], &[])?;
-    let ty = o.str("type")?.ok_or_else(|| o.invalid("type", "missing"))?;
+    let o = Obj::new(s.path, v, &s.known(), &s.unsupported())?;
+    let ty = o
+        .str(TYPE.name)?
+        .ok_or_else(|| o.invalid(TYPE.name, "missing"))?;
     let empty = json!({});
-    let params = o.get("params").unwrap_or(&empty);
-    let common = [
-        "warmup_min_lr",
-        "warmup_max_lr",
-        "warmup_num_steps",
-        "warmup_type",
-        "last_batch_iteration",
-    ];
+    let params = o.get(PARAMS.name).unwrap_or(&empty);
+    let params_of = |t: &Section| Obj::new(t.path, params, &t.known(), &t.unsupported());
     let warmup_of = |p: &Obj| -> Result<WarmupType, ConfigError> {
-        match p.str("warmup_type")? {
+        match p.str(WARMUP_TYPE.name)? {
             None | Some("log") | Some("auto") => Ok(WarmupType::Log),
             Some("linear") => Ok(WarmupType::Linear),
             Some(other) => Err(p.invalid(
-                "warmup_type",
+                WARMUP_TYPE.name,
                 &format!("`{other}`: expected \"log\" or \"linear\""),
             )),
         }
     };
     let total_of = |p: &Obj| -> Result<u64, ConfigError> {
-        match p.count("total_num_steps")? {
+        match p.count(TOTAL_NUM_STEPS.name)? {
             Some(Auto::Value(v)) => Ok(v),
             Some(Auto::Auto) => Err(p.invalid(
-                "total_num_steps",
+                TOTAL_NUM_STEPS.name,
                 "\"auto\" has no default here: set the number of training steps",
             )),
-            None => Err(p.invalid("total_num_steps", "missing: required by this scheduler")),
+            None => Err(p.invalid(TOTAL_NUM_STEPS.name, "missing: required by this scheduler")),
         }
     };
-    let steps_of =
-        |p: &Obj| -> Result<u64, ConfigError> { Ok(p.count_or("warmup_num_steps", 1000)?.max(2)) };
+    let steps_of = |p: &Obj| -> Result<u64, ConfigError> {
+        Ok(
+            p.count_or(WARMUP_NUM_STEPS.name, const { WARMUP_NUM_STEPS.count() })?
+                .max(2),
+        )
+    };
+    let min_lr_of = |p: &Obj| p.f64_or(WARMUP_MIN_LR.name, const { WARMUP_MIN_LR.float() });
+    let max_lr_of = |p: &Obj| -> Result<Option<f64>, ConfigError> {
+        Ok(p.number(WARMUP_MAX_LR.name)?.and_then(|v| match v {
+            Auto::Value(v) => Some(v),
+            Auto::Auto => None,
+        }))
+    };
     Ok(Some(match ty {
         "WarmupLR" => {
-            let p = Obj::new("scheduler.params", params, &common, &[])?;
+            let p = params_of(&WARMUP_LR_PARAMS)?;
             SchedulerConfig::WarmupLr {
-                min_lr: p.f64_or("warmup_min_lr", 0.0)?,
-                max_lr: p.number("warmup_max_lr")?.and_then(|v| match v {
-                    Auto::Value(v) => Some(v),
-                    Auto::Auto => None,
-                }),
+                min_lr: min_lr_of(&p)?,
+                max_lr: max_lr_of(&p)?,
                 warmup_steps: steps_of(&p)?,
                 warmup: warmup_of(&p)?,
             }
         }
         "WarmupDecayLR" => {
-            let keys: Vec<&str> = common.iter().copied().chain(["total_num_steps"]).collect();
-            let p = Obj::new("scheduler.params", params, &keys, &[])?;
+            let p = params_of(&WARMUP_DECAY_LR_PARAMS)?;
             SchedulerConfig::WarmupDecayLr {
-                min_lr: p.f64_or("warmup_min_lr", 0.0)?,
-                max_lr: p.number("warmup_max_lr")?.and_then(|v| match v {
-                    Auto::Value(v) => Some(v),
-                    Auto::Auto => None,
-                }),
+                min_lr: min_lr_of(&p)?,
+                max_lr: max_lr_of(&p)?,
                 warmup_steps: steps_of(&p)?,
                 warmup: warmup_of(&p)?,
                 total_steps: total_of(&p)?,
             }
         }
         "WarmupCosineLR" => {
-            let keys = [
-                "total_num_steps",
-                "warmup_min_ratio",
-                "warmup_num_steps",
-                "cos_min_ratio",
-                "warmup_type",
-                "last_batch_iteration",
-            ];
-            let p = Obj::new("scheduler.params", params, &keys, &[])?;
+            let p = params_of(&WARMUP_COSINE_LR_PARAMS)?;
             SchedulerConfig::WarmupCosineLr {
-                warmup_min_ratio: p.f64_or("warmup_min_ratio", 0.0)?,
+                warmup_min_ratio: p
+                    .f64_or(WARMUP_MIN_RATIO.name, const { WARMUP_MIN_RATIO.float() })?,
                 warmup_steps: steps_of(&p)?,
-                cos_min_ratio: p.f64_or("cos_min_ratio", 0.0001)?,
+                cos_min_ratio: p.f64_or(COS_MIN_RATIO.name, const { COS_MIN_RATIO.float() })?,
                 warmup: warmup_of(&p)?,
                 total_steps: total_of(&p)?,
             }
         }
         other => {
             return Err(ConfigError::Unsupported {
-                key: "scheduler.type".into(),
+                key: o.path(TYPE.name),
                 reason: format!(
                     "`{other}`: zero implements WarmupLR, WarmupDecayLR and WarmupCosineLR"
                 ),

@@ -20,6 +20,7 @@ mod error;
 mod json;
 mod keys;
 mod offload;
+mod offload_keys;
 mod optimizer;
 mod optimizer_keys;
 mod precision;

@@ -3,6 +3,12 @@
 //! (`deepspeed/runtime/zero/offload_config.py`, `deepspeed/runtime/swap_tensor/aio_config.py`).
 
 use super::json::Obj;
+use super::offload_keys::{
+    AIO_SECTION, BLOCK_SIZE, BUFFER_SIZE, DEVICE, FAST_INIT, INTRA_OP_PARALLELISM, MAX_IN_CPU,
+    NVME_PATH, OFFLOAD_OPTIMIZER_SECTION, OFFLOAD_PARAM_SECTION, OPTIMIZER_BUFFER_COUNT,
+    OVERLAP_EVENTS, PARAM_BUFFER_COUNT, PIN_MEMORY, PIPELINE_READ, PIPELINE_WRITE, QUEUE_DEPTH,
+    RATIO, SINGLE_SUBMIT, THREAD_COUNT, USE_GDS,
+};
 use super::zero_keys::{
     CPU_OFFLOAD, CPU_OFFLOAD_PARAM, CPU_OFFLOAD_USE_PIN_MEMORY, OFFLOAD_OPTIMIZER, OFFLOAD_PARAM,
 };
@@ -84,11 +90,11 @@ impl Default for OffloadOptimizerConfig {
         Self {
             device: OffloadDevice::None,
             nvme_path: None,
-            pin_memory: true,
-            buffer_count: 4,
-            pipeline_read: false,
-            pipeline_write: false,
-            fast_init: false,
+            pin_memory: const { PIN_MEMORY.flag() },
+            buffer_count: const { OPTIMIZER_BUFFER_COUNT.count() },
+            pipeline_read: const { PIPELINE_READ.flag() },
+            pipeline_write: const { PIPELINE_WRITE.flag() },
+            fast_init: const { FAST_INIT.flag() },
             partial: false,
         }
     }
@@ -99,10 +105,10 @@ impl Default for OffloadParamConfig {
         Self {
             device: OffloadDevice::None,
             nvme_path: None,
-            pin_memory: true,
-            buffer_count: 5,
-            buffer_size: 100_000_000,
-            max_in_cpu: 1_000_000_000,
+            pin_memory: const { PIN_MEMORY.flag() },
+            buffer_count: const { PARAM_BUFFER_COUNT.count() },
+            buffer_size: const { BUFFER_SIZE.count() },
+            max_in_cpu: const { MAX_IN_CPU.count() },
         }
     }
 }
@@ -110,33 +116,36 @@ impl Default for OffloadParamConfig {
 impl Default for AioConfig {
     fn default() -> Self {
         Self {
-            block_size: 1 << 20,
-            queue_depth: 8,
-            intra_op_parallelism: 1,
-            single_submit: false,
-            overlap_events: true,
+            block_size: const { BLOCK_SIZE.count() },
+            queue_depth: const { QUEUE_DEPTH.count() },
+            intra_op_parallelism: const { INTRA_OP_PARALLELISM.count() },
+            single_submit: const { SINGLE_SUBMIT.flag() },
+            overlap_events: const { OVERLAP_EVENTS.flag() },
         }
     }
 }
 
 fn device(o: &Obj) -> Result<OffloadDevice, ConfigError> {
     Ok(
-        match o.str("device")?.map(str::to_ascii_lowercase).as_deref() {
+        match o.str(DEVICE.name)?.map(str::to_ascii_lowercase).as_deref() {
             None | Some("none") => OffloadDevice::None,
             Some("cpu") => OffloadDevice::Cpu,
             Some("nvme") => OffloadDevice::Nvme,
             Some(other) => {
-                return Err(o.invalid("device", &format!("`{other}`: expected none, cpu or nvme")))
+                return Err(o.invalid(
+                    DEVICE.name,
+                    &format!("`{other}`: expected none, cpu or nvme"),
+                ))
             }
         },
     )
 }
 
 fn nvme_path(o: &Obj, dev: OffloadDevice) -> Result<Option<PathBuf>, ConfigError> {
-    let path = o.str("nvme_path")?.map(PathBuf::from);
+    let path = o.str(NVME_PATH.name)?.map(PathBuf::from);
     if dev == OffloadDevice::Nvme && path.is_none() {
         return Err(o.invalid(
-            "nvme_path",
+            NVME_PATH.name,
             "device \"nvme\" needs a folder on an NVMe file system here",
         ));
     }
@@ -158,36 +167,34 @@ pub(super) fn offload_optimizer(
     let Some(v) = zero.get(OFFLOAD_OPTIMIZER.name) else {
         return Ok(cfg);
     };
+    let s = &OFFLOAD_OPTIMIZER_SECTION;
     let o = Obj::new(
         &zero.path(OFFLOAD_OPTIMIZER.name),
         v,
-        &[
-            "device",
-            "nvme_path",
-            "pin_memory",
-            "buffer_count",
-            "pipeline_read",
-            "pipeline_write",
-            "fast_init",
-            "ratio",
-        ],
-        &[],
+        &s.known(),
+        &s.unsupported(),
     )?;
-    let ratio = o.f64_or("ratio", 1.0)?;
+    let ratio = o.f64_or(RATIO.name, const { RATIO.float() })?;
     if !(ratio > 0.0 && ratio <= 1.0) {
-        return Err(o.invalid("ratio", &format!("{ratio}: expected a fraction in (0, 1]")));
+        return Err(o.invalid(
+            RATIO.name,
+            &format!("{ratio}: expected a fraction in (0, 1]"),
+        ));
     }
     cfg.partial = ratio < 1.0;
     cfg.device = device(&o)?;
     cfg.nvme_path = nvme_path(&o, cfg.device)?;
-    cfg.pin_memory = o.bool_or("pin_memory", cfg.pin_memory)?;
-    cfg.buffer_count = o.count_or("buffer_count", 4)?;
+    cfg.pin_memory = o.bool_or(PIN_MEMORY.name, cfg.pin_memory)?;
+    cfg.buffer_count = o.count_or(
+        OPTIMIZER_BUFFER_COUNT.name,
+        const { OPTIMIZER_BUFFER_COUNT.count() },
+    )?;
     if cfg.buffer_count == 0 {
-        return Err(o.invalid("buffer_count", "must be at least 1"));
+        return Err(o.invalid(OPTIMIZER_BUFFER_COUNT.name, "must be at least 1"));
     }
-    cfg.pipeline_read = o.bool_or("pipeline_read", false)?;
-    cfg.pipeline_write = o.bool_or("pipeline_write", false)?;
-    cfg.fast_init = o.bool_or("fast_init", false)?;
+    cfg.pipeline_read = o.bool_or(PIPELINE_READ.name, const { PIPELINE_READ.flag() })?;
+    cfg.pipeline_write = o.bool_or(PIPELINE_WRITE.name, const { PIPELINE_WRITE.flag() })?;
+    cfg.fast_init = o.bool_or(FAST_INIT.name, const { FAST_INIT.flag() })?;
     Ok(cfg)
 }
 
@@ -206,25 +213,26 @@ pub(super) fn offload_param(
     let Some(v) = zero.get(OFFLOAD_PARAM.name) else {
         return Ok(cfg);
     };
+    let s = &OFFLOAD_PARAM_SECTION;
     let o = Obj::new(
         &zero.path(OFFLOAD_PARAM.name),
         v,
-        &[
-            "device",
-            "nvme_path",
-            "pin_memory",
-            "buffer_count",
-            "buffer_size",
-            "max_in_cpu",
-        ],
-        &[],
+        &s.known(),
+        &s.unsupported(),
     )?;
     cfg.device = device(&o)?;
     cfg.nvme_path = nvme_path(&o, cfg.device)?;
-    cfg.pin_memory = o.bool_or("pin_memory", cfg.pin_memory)?;
-    cfg.buffer_count = o.count_or("buffer_count", 5)?.max(1);
-    cfg.buffer_size = o.count_or("buffer_size", 100_000_000)?.max(1);
-    cfg.max_in_cpu = o.count_or("max_in_cpu", 1_000_000_000)?;
+    cfg.pin_memory = o.bool_or(PIN_MEMORY.name, cfg.pin_memory)?;
+    cfg.buffer_count = o
+        .count_or(
+            PARAM_BUFFER_COUNT.name,
+            const { PARAM_BUFFER_COUNT.count() },
+        )?
+        .max(1);
+    cfg.buffer_size = o
+        .count_or(BUFFER_SIZE.name, const { BUFFER_SIZE.count() })?
+        .max(1);
+    cfg.max_in_cpu = o.count_or(MAX_IN_CPU.name, const { MAX_IN_CPU.count() })?;
     Ok(cfg)
 }
 
@@ -271,56 +279,54 @@ impl Legacy {
 /// The `aio` section of the top level.
 pub(super) fn aio(top: &Obj, notes: &mut Vec<String>) -> Result<AioConfig, ConfigError> {
     let empty = json!({});
+    let s = &AIO_SECTION;
     let o = Obj::new(
-        "aio",
-        top.get("aio").unwrap_or(&empty),
-        &[
-            "block_size",
-            "queue_depth",
-            "intra_op_parallelism",
-            "thread_count",
-            "single_submit",
-            "overlap_events",
-            "use_gds",
-        ],
-        &[],
+        s.path,
+        top.get(s.path).unwrap_or(&empty),
+        &s.known(),
+        &s.unsupported(),
     )?;
-    if o.bool_or("use_gds", false)? {
+    if o.bool_or(USE_GDS.name, const { USE_GDS.flag() })? {
         return Err(ConfigError::Unsupported {
-            key: o.path("use_gds"),
+            key: o.path(USE_GDS.name),
             reason: "GPUDirect Storage is not built: NVMe offload goes through host memory".into(),
         });
     }
     let d = AioConfig::default();
-    let threads = match (o.get("intra_op_parallelism"), o.get("thread_count")) {
-        (Some(_), Some(_))
-            if o.count_or("intra_op_parallelism", 1)? != o.count_or("thread_count", 1)? =>
-        {
+    let intra_op = || {
+        o.count_or(
+            INTRA_OP_PARALLELISM.name,
+            const { INTRA_OP_PARALLELISM.count() },
+        )
+    };
+    let thread_count = || o.count_or(THREAD_COUNT.name, const { THREAD_COUNT.count() });
+    let threads = match (o.get(INTRA_OP_PARALLELISM.name), o.get(THREAD_COUNT.name)) {
+        (Some(_), Some(_)) if intra_op()? != thread_count()? => {
             return Err(ConfigError::Inconsistent(format!(
                 "aio.intra_op_parallelism = {} and its older name aio.thread_count = {} disagree",
-                o.count_or("intra_op_parallelism", 1)?,
-                o.count_or("thread_count", 1)?
+                intra_op()?,
+                thread_count()?
             )))
         }
-        (Some(_), _) => o.count_or("intra_op_parallelism", 1)?,
+        (Some(_), _) => intra_op()?,
         (None, Some(_)) => {
             notes.push("aio.thread_count is the older name of aio.intra_op_parallelism (DeepSpeed now ignores it silently): read as that".into());
-            o.count_or("thread_count", 1)?
+            thread_count()?
         }
         (None, None) => d.intra_op_parallelism,
     };
-    let block_size = o.count_or("block_size", d.block_size)?;
+    let block_size = o.count_or(BLOCK_SIZE.name, d.block_size)?;
     if block_size == 0 || block_size % 4096 != 0 {
         return Err(o.invalid(
-            "block_size",
+            BLOCK_SIZE.name,
             &format!("{block_size}: must be a positive multiple of 4096 (O_DIRECT)"),
         ));
     }
     Ok(AioConfig {
         block_size,
-        queue_depth: o.count_or("queue_depth", d.queue_depth)?.max(1),
+        queue_depth: o.count_or(QUEUE_DEPTH.name, d.queue_depth)?.max(1),
         intra_op_parallelism: threads.max(1),
-        single_submit: o.bool_or("single_submit", d.single_submit)?,
-        overlap_events: o.bool_or("overlap_events", d.overlap_events)?,
+        single_submit: o.bool_or(SINGLE_SUBMIT.name, d.single_submit)?,
+        overlap_events: o.bool_or(OVERLAP_EVENTS.name, d.overlap_events)?,
     })
 }

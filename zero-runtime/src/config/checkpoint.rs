@@ -5,7 +5,6 @@ use super::checkpoint_keys::{
 };
 use super::json::Obj;
 use super::ConfigError;
-use serde_json::json;
 
 /// `checkpoint.tag_validation`: what to do when the ranks' checkpoint tags differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,14 +31,7 @@ pub struct CheckpointConfig {
 }
 
 pub(super) fn checkpoint(top: &Obj) -> Result<CheckpointConfig, ConfigError> {
-    let empty = json!({});
-    let s = &CHECKPOINT_SECTION;
-    let o = Obj::new(
-        s.path,
-        top.get(s.path).unwrap_or(&empty),
-        &s.known(),
-        &s.unsupported(),
-    )?;
+    let o = CHECKPOINT_SECTION.open(top)?;
     let tag_validation = match o.str(TAG_VALIDATION.name)? {
         None => TagValidation::Warn,
         Some(v) => match v.to_ascii_lowercase().as_str() {

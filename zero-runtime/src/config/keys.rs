@@ -3,7 +3,10 @@
 //! keys a section allows, the "did you mean" suggestions, the defaults the parsers read
 //! and the doc's rows (checked by a test) all come from these tables.
 
-use serde_json::Value;
+use super::json::Obj;
+use super::ConfigError;
+use serde_json::{Map, Value};
+use std::sync::LazyLock;
 
 /// One section's keys, in the order they are checked and documented.
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +211,18 @@ impl Fixed {
 }
 
 impl Section {
+    /// This top-level section of `top` (an empty one when absent), its keys checked
+    /// against the table.
+    pub fn open<'a>(&self, top: &Obj<'a>) -> Result<Obj<'a>, ConfigError> {
+        static EMPTY: LazyLock<Value> = LazyLock::new(|| Value::Object(Map::new()));
+        Obj::new(
+            self.path,
+            top.get(self.path).unwrap_or(&EMPTY),
+            &self.known(),
+            &self.unsupported(),
+        )
+    }
+
     /// The keys zero reads, in table order.
     pub fn known(&self) -> Vec<&'static str> {
         self.keys

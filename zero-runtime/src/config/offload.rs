@@ -13,7 +13,6 @@ use super::zero_keys::{
     CPU_OFFLOAD, CPU_OFFLOAD_PARAM, CPU_OFFLOAD_USE_PIN_MEMORY, OFFLOAD_OPTIMIZER, OFFLOAD_PARAM,
 };
 use super::ConfigError;
-use serde_json::json;
 use std::path::PathBuf;
 
 /// Where an offloaded state lives.
@@ -278,14 +277,7 @@ impl Legacy {
 
 /// The `aio` section of the top level.
 pub(super) fn aio(top: &Obj, notes: &mut Vec<String>) -> Result<AioConfig, ConfigError> {
-    let empty = json!({});
-    let s = &AIO_SECTION;
-    let o = Obj::new(
-        s.path,
-        top.get(s.path).unwrap_or(&empty),
-        &s.known(),
-        &s.unsupported(),
-    )?;
+    let o = AIO_SECTION.open(top)?;
     if o.bool_or(USE_GDS.name, const { USE_GDS.flag() })? {
         return Err(ConfigError::Unsupported {
             key: o.path(USE_GDS.name),

@@ -9,7 +9,6 @@ use super::precision_keys::{
     MIN_LOSS_SCALE, PARAM_DTYPE,
 };
 use super::ConfigError;
-use serde_json::json;
 
 /// Training precision of parameters and gradients (master weights are always fp32).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,14 +68,7 @@ pub(super) fn grad_accum_dtype(
     top: &Obj,
     precision: Precision,
 ) -> Result<GradAccumDtype, ConfigError> {
-    let empty = json!({});
-    let s = &DATA_TYPES_SECTION;
-    let o = Obj::new(
-        s.path,
-        top.get(s.path).unwrap_or(&empty),
-        &s.known(),
-        &s.unsupported(),
-    )?;
+    let o = DATA_TYPES_SECTION.open(top)?;
     let training = precision.name();
     let parse = |key: &str| -> Result<Option<&'static str>, ConfigError> {
         let Some(v) = o.str(key)? else {

@@ -4,7 +4,9 @@
 //! the bits of a trainer that declares every module ready itself, at every stage, with
 //! and without accumulation; a module is complete early exactly when the expectation
 //! says; a gradient after its module is complete, and `step()` before a backward, are
-//! errors naming the problem; `zero_grad` discards the window's counters.
+//! errors naming the problem; `zero_grad` discards the window's counters; what
+//! `end_backward` releases is freed as a trainer that declares and releases each module
+//! itself frees it.
 
 use zero_comm::HostComm;
 use zero_runtime::{Engine, Expectation, HostDevice};
@@ -43,7 +45,7 @@ fn handed_over(
         }
         e.release(m).expect("release");
     }
-    (early, e.end_backward().expect("end_backward"))
+    (early, e.end_backward(&[]).expect("end_backward"))
 }
 
 /// `steps` micro-steps through the front-end, the optimizer stepping where `step_call`
@@ -196,4 +198,54 @@ fn the_window_counts_step_calls_and_zero_grad_discards_it() {
         e.step().expect("a window of one, declared");
         assert!(e.is_gradient_accumulation_boundary());
     });
+}
+
+#[test]
+fn what_end_backward_releases_is_freed_as_a_declaring_trainer_frees_it() {
+    let s = seed("end_backward releases");
+    let data = dataset(s, 16);
+    // The fetch trace keeps a released bucket its next use reaches soon.
+    let cfg = mlp_config(3, "fp32", 1, 0.0, false).replace(
+        r#""stage3_max_reuse_distance": 0"#,
+        r#""stage3_max_reuse_distance": 1000000000"#,
+    );
+    let out = run_ranks(2, &cfg, s, |e| {
+        // A trainer that declares each module ready and releases it right after: the last
+        // declaration rewinds the fetch trace, so only the module the next forward starts
+        // with stays gathered.
+        micro_step(e, &data[..MICRO_BATCH], 1.0, |_| {}).expect("micro-step");
+        let declared = e.memory_report().gathered;
+        e.step().expect("step");
+        // A front-end that keeps every module gathered through a backward whose modules
+        // are all complete only at its end (nothing expected yet) and hands them to
+        // end_backward.
+        let mut params = Vec::new();
+        for m in 0..3 {
+            e.fetch(m).expect("fetch");
+            params.push(e.params_f32(m).expect("params"));
+            e.release(m).expect("release");
+        }
+        let (_, grads) = loss_and_grads(&params, &data[..MICRO_BATCH], 1.0);
+        for m in (0..3).rev() {
+            e.fetch(m).expect("fetch");
+            for (k, g) in grads[m].iter().enumerate() {
+                e.begin_grad(m, k).expect("begin_grad");
+                e.add_grad_f32(m, k, g).expect("write");
+                assert!(!e.finish_grad(m, k).expect("finish_grad"));
+            }
+        }
+        let all = e.memory_report().gathered;
+        e.end_backward(&[0, 1, 2]).expect("end_backward");
+        (declared, e.memory_report().gathered, all)
+    });
+    for (declared, ours, all) in out {
+        assert!(
+            declared < all,
+            "the trace keeps only part: {declared} of {all} bytes"
+        );
+        assert_eq!(
+            ours, declared,
+            "gathered after end_backward, of {all} bytes (seed {s})"
+        );
+    }
 }

@@ -129,8 +129,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
 
     /// Releases module `m` and empties its sharded parameters' storage.
     pub fn release(&mut self, m: usize) -> Result<()> {
+        if self.unfill(m)? {
+            self.engine.release(m)?;
+        }
+        Ok(())
+    }
+
+    /// Empties fetched module `m`'s sharded parameters' storage (the engine's release
+    /// follows); whether it was fetched.
+    fn unfill(&mut self, m: usize) -> Result<bool> {
         if !self.modules[m].fetched {
-            return Ok(());
+            return Ok(false);
         }
         self.modules[m].fetched = false;
         for s in self.modules[m].slots.clone() {
@@ -138,8 +147,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
                 self.empty(s)?;
             }
         }
-        self.engine.release(m)?;
-        Ok(())
+        Ok(true)
     }
 
     /// A gradient arrived for slot `s` (fully accumulated by candle's backward): the
@@ -160,10 +168,20 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
     }
 
     /// After backward: the engine declares the modules not yet complete ready (their
-    /// parameters that got no gradient keep a zero one, and are reported by name), and
-    /// the next micro-step counts from zero.
+    /// parameters that got no gradient keep a zero one, and are reported by name) and
+    /// releases each fetched one right after, and the next micro-step counts from zero.
     pub fn finish_backward(&mut self) -> Result<()> {
-        let end = self.engine.end_backward()?;
+        let mut release = Vec::new();
+        for m in 0..self.modules.len() {
+            let trainable = self.modules[m]
+                .slots
+                .iter()
+                .any(|&s| self.slots[s].trainable.is_some());
+            if trainable && !self.engine.grads_complete(m)? && self.unfill(m)? {
+                release.push(m);
+            }
+        }
+        let end = self.engine.end_backward(&release)?;
         self.missing = end
             .missing
             .iter()
@@ -175,9 +193,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> State<C, D> {
                     .map(|&s| self.slots[s].name.clone())
             })
             .collect();
-        for m in end.late {
-            self.release(m)?;
-        }
         Ok(())
     }
 

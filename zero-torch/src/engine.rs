@@ -288,7 +288,7 @@ impl NativeEngine {
     }
 
     /// Puts the gradient of trainable parameter `k` of module `m` (counting trainable
-    /// parameters only) into the engine: copied on its first arrival in a micro-step,
+    /// parameters only) into the engine: copied on its first arrival in this pass,
     /// added on later ones (always added where the engine accumulates micro-steps in
     /// place). The engine counts it; returns whether the module's gradients are now
     /// complete (the engine declared it ready: its reduction starts once its bucket is).
@@ -346,10 +346,12 @@ impl NativeEngine {
     }
 
     /// The end of backward: the modules not yet complete are declared ready (a parameter
-    /// that got no gradient counts as zero), and the first backward's counts become what
-    /// the engine expects. Returns whether this backward was the first.
-    fn end_backward(&self, py: Python<'_>) -> PyResult<bool> {
-        detached!(self, py, e => e.end_backward().map(|end| end.learned_now))
+    /// that got no gradient counts as zero), each of `release` (the modules still
+    /// gathered) released right after its declaration or after them all, and the first
+    /// backward's counts become what the engine expects. Returns whether this backward
+    /// was the first.
+    fn end_backward(&self, py: Python<'_>, release: Vec<usize>) -> PyResult<bool> {
+        detached!(self, py, e => e.end_backward(&release).map(|end| end.learned_now))
     }
 
     /// Sets parameters to rank `root`'s values on every rank (a collective; every rank
@@ -613,7 +615,8 @@ impl NativeEngine {
         detached!(self, py, e => e.import_state(&state))
     }
 
-    /// Discards the gradients of the current step (a collective).
+    /// Discards the gradients of the current step (a collective), and the window's
+    /// counters (`micro_steps` back at the window's start, no pass since `step()`).
     fn zero_grad(&self, py: Python<'_>) -> PyResult<()> {
         detached!(self, py, e => e.zero_grad())
     }

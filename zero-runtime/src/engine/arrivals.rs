@@ -278,13 +278,28 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// every trainable module not yet complete is declared ready (in reverse
     /// registration order; a parameter that got no gradient counts as zero), the pass is
     /// counted (`passes_since_step`), and the next pass counts from zero.
-    pub fn end_backward(&mut self) -> Result<BackwardEnd, EngineError> {
+    ///
+    /// `release`: the modules the trainer is done with (stage 3: those still gathered).
+    /// Each one declared ready here is released right after it is, and the others after
+    /// every declaration, in the order given: the last declaration ends the micro-step
+    /// and rewinds the fetch trace, so a module released before it is freed, as a module
+    /// complete during backward is, rather than kept for a reuse the trace would foresee.
+    pub fn end_backward(&mut self, release: &[usize]) -> Result<BackwardEnd, EngineError> {
+        for &m in release {
+            self.module(m)?;
+        }
         let learned_now = self.arrivals.learn();
         let missing = self.arrivals.missing();
         let late = self.arrivals.complete_the_rest();
         self.arrivals.reset();
         for &m in &late {
             self.grads_ready(m)?;
+            if release.contains(&m) {
+                self.release(m)?;
+            }
+        }
+        for &m in release.iter().filter(|m| !late.contains(m)) {
+            self.release(m)?;
         }
         self.window.passes_since_step += 1;
         Ok(BackwardEnd {

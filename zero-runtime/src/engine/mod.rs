@@ -11,6 +11,11 @@
 //! step()
 //! ```
 //!
+//! Or the engine decides when a module is complete (`arrivals.rs`): per gradient
+//! `begin_grad(m, k)`, write it, `finish_grad(m, k)` (declares `m` ready when complete),
+//! then `end_backward(release)` for the rest; `window.rs` counts a DeepSpeed front-end's
+//! `step()` calls (`step_call`).
+//!
 //! The trainer multiplies its loss by [`Engine::loss_scale_factor`] (the loss scale over
 //! `K`, as DeepSpeed's `backward` does).
 

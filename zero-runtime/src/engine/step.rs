@@ -510,7 +510,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Discards every gradient of the current step (all micro-steps so far), waiting for
     /// reductions in flight first. Call it on every rank at the same point, as with any
-    /// collective: the reductions it waits for are shared.
+    /// collective: the reductions it waits for are shared. The pass's gradient counts
+    /// start over, and the front-end's window too (no pass since `step()`; `micro_steps`
+    /// back at the window's start).
     pub fn zero_grad(&mut self) -> Result<(), EngineError> {
         self.step_external_abort()?;
         self.finish_all()?;

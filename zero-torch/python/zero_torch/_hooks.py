@@ -124,8 +124,8 @@ def _used_on_current_stream(t: torch.Tensor) -> None:
 
 
 class Runtime:
-    """The state the hooks share: the registry, the native engine (once built) and where
-    the micro-step is."""
+    """The state the hooks share: the registry, the native engine (once built, it keeps the
+    micro-step: ``engine/arrivals.rs``, ``engine/window.rs``) and what is gathered."""
 
     def __init__(
         self,
@@ -740,15 +740,20 @@ class Runtime:
                 self.pass_is_mine = True
             return
         try:
+            # Stage 3: what is still gathered stops viewing the buckets first; the engine
+            # frees each after torch's work so far, a unit it declares ready right after
+            # its declaration (before the last one rewinds the fetch trace).
+            gathered = [u for u in self.order if self.stage3 and self.filled.get(u.index)]
+            for u in gathered:
+                self._drop(u)
+            if gathered:
+                self.cross()
             # The engine declares the units not yet complete ready (in reverse order) and,
             # after the first backward, expects its counts of every later one.
-            if self.native.end_backward():
+            if self.native.end_backward([u.index for u in gathered]):
                 self.recording_uses = False
                 if not self.stage3:
                     self._unhook_modules()
-            for u in self.order:
-                if self.stage3 and self.filled.get(u.index):
-                    self.release(u)
             self.settle_collectives()
         finally:
             self.refs.clear()

@@ -9,12 +9,14 @@
 //! ordered with it by events in both directions.
 
 use crate::errors::{to_py, ZeroError};
+use crate::results::{
+    CommReport, ExternalPiece, HfLoad, LaunchInfo, MemoryReport, StepCounts, StepOutcome,
+};
 use crate::start::{self, Inner, Model, ModuleArg};
 use crate::tensors::{self, add_into, read_into, write};
 use crate::{cuda_tensors, views, with_host_type};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -22,9 +24,7 @@ use std::time::Duration;
 use zero_kernels::DType;
 use zero_runtime::kernels::{AdamConfig, WeightDecay};
 use zero_runtime::scaler::{DynamicState, ScalerState};
-use zero_runtime::{
-    ExternalArray, ImportedParam, ImportedState, LoadOptions, StepOutcome, ZeroConfig,
-};
+use zero_runtime::{ExternalArray, ImportedParam, ImportedState, LoadOptions};
 
 /// Runs `$body` with `$e` bound to the engine inside `$inner`, whichever device it is on.
 macro_rules! with_engine {
@@ -35,10 +35,6 @@ macro_rules! with_engine {
         }
     };
 }
-
-/// One parameter's stretch of an external shard, as Python gets it: `(module, k,
-/// shard_start, shard_end, element_start, element_end)`.
-type PieceTuple = (usize, usize, usize, usize, usize, usize);
 
 /// One parameter's state as Python hands it to `import_state`: its name, then its whole
 /// master weights, `exp_avg` and `exp_avg_sq` (the moments may be `None`).
@@ -382,11 +378,10 @@ impl NativeEngine {
         Ok(held!(self, e => e.loss_scale()))
     }
 
-    /// The optimizer step, at the accumulation boundary: a dict of `skipped`,
-    /// `grad_norm`, `loss_scale` and `lr`.
-    fn step<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// The optimizer step, at the accumulation boundary.
+    fn step(&self, py: Python<'_>) -> PyResult<StepOutcome> {
         let out = detached!(self, py, e => e.step())?;
-        outcome_dict(py, &out)
+        Ok(StepOutcome::from(&out))
     }
 
     /// DeepSpeed's `engine.micro_steps`: `step()` calls so far (less those of windows
@@ -479,23 +474,12 @@ impl NativeEngine {
         Ok(held!(self, e => e.group_lrs()))
     }
 
-    /// The config's optimizer: `None`, or `(type, is_adam, params as JSON)`.
-    fn optimizer(&self) -> PyResult<Option<(String, bool, String)>> {
-        Ok(held!(self, e => e
-            .config()
-            .optimizer
-            .as_ref()
-            .map(|o| (o.name.clone(), o.adam.is_some(), o.params.to_string()))))
-    }
-
     /// The first half of a step for an optimizer zero does not run itself: `None` when
     /// the step goes on (read each group with `external_read`, then
     /// `step_external_finish`), else the skipped step's outcome.
-    fn step_external_begin<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        match detached!(self, py, e => e.step_external_begin())? {
-            None => Ok(None),
-            Some(out) => Ok(Some(outcome_dict(py, &out)?)),
-        }
+    fn step_external_begin(&self, py: Python<'_>) -> PyResult<Option<StepOutcome>> {
+        let out = detached!(self, py, e => e.step_external_begin())?;
+        Ok(out.as_ref().map(StepOutcome::from))
     }
 
     /// Elements of parameter group `g` this rank steps.
@@ -503,23 +487,10 @@ impl NativeEngine {
         Ok(held!(self, e => e.external_group_len(g)))
     }
 
-    /// Where each parameter of group `g` lies in the group's shard: a list of
-    /// `(module, k, shard_start, shard_end, element_start, element_end)`, in shard order.
-    fn external_group_pieces(&self, g: usize) -> PyResult<Vec<PieceTuple>> {
+    /// Where each parameter of group `g` lies in the group's shard, in shard order.
+    fn external_group_pieces(&self, g: usize) -> PyResult<Vec<ExternalPiece>> {
         let pieces = held!(self, e => e.external_group_pieces(g)).map_err(to_py)?;
-        Ok(pieces
-            .into_iter()
-            .map(|p| {
-                (
-                    p.module,
-                    p.param,
-                    p.shard.start,
-                    p.shard.end,
-                    p.elements.start,
-                    p.elements.end,
-                )
-            })
-            .collect())
+        Ok(pieces.iter().map(ExternalPiece::from).collect())
     }
 
     /// Copies parameter group `g`'s master weights (`what="master"`), the engine's Adam
@@ -550,14 +521,14 @@ impl NativeEngine {
         &self,
         py: Python<'py>,
         masters: Vec<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<StepOutcome> {
         let vals = masters
             .iter()
             .map(tensors::read_f32)
             .collect::<PyResult<Vec<_>>>()?;
         let refs: Vec<&[f32]> = vals.iter().map(|v| &v[..]).collect();
         let out = detached!(self, py, e => e.step_external_finish(&refs))?;
-        outcome_dict(py, &out)
+        Ok(StepOutcome::from(&out))
     }
 
     /// Gives up a begun external step: nothing changes, the step is not counted.
@@ -626,48 +597,30 @@ impl NativeEngine {
         Ok(held!(self, e => e.lr()))
     }
 
-    /// `(optimizer steps applied, steps skipped, global steps)`.
-    fn step_counts(&self) -> PyResult<(u64, u64, u64)> {
-        Ok(held!(self, e => e.step_counts()))
+    /// The step counters.
+    fn step_counts(&self) -> PyResult<StepCounts> {
+        let (optimizer_steps, skipped_steps, global_steps) = held!(self, e => e.step_counts());
+        Ok(StepCounts {
+            optimizer_steps,
+            skipped_steps,
+            global_steps,
+        })
     }
 
     /// The engine's memory report: bytes per category on this rank.
-    fn memory_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = held!(self, e => e.memory_report());
-        let d = PyDict::new(py);
-        d.set_item("params", r.params)?;
-        d.set_item("grads", r.grads)?;
-        d.set_item("master", r.master)?;
-        d.set_item("exp_avg", r.exp_avg)?;
-        d.set_item("exp_avg_sq", r.exp_avg_sq)?;
-        d.set_item("grad_accum", r.grad_accum)?;
-        d.set_item("buckets", r.buckets)?;
-        d.set_item("gathered", r.gathered)?;
-        d.set_item("peak_gathered", r.peak_gathered)?;
-        d.set_item("frozen", r.frozen)?;
-        d.set_item("released", r.released)?;
-        d.set_item("host", r.host.total())?;
-        d.set_item("comm", r.comm)?;
-        d.set_item("model_states", r.model_states())?;
-        d.set_item("formula", r.formula)?;
-        d.set_item("numel", r.numel)?;
-        d.set_item("padded_numel", r.padded_numel)?;
-        d.set_item("device_total", r.device_total())?;
-        d.set_item("allocator_used", r.allocator_used.unwrap_or(0))?;
-        d.set_item("allocator_peak", r.allocator_peak.unwrap_or(0))?;
-        d.set_item("device_bound", r.device_bound)?;
-        Ok(d)
+    fn memory_report(&self) -> PyResult<MemoryReport> {
+        Ok(held!(self, e => MemoryReport::from(&e.memory_report())))
     }
 
     /// Elements this rank sent in the last step, by purpose, and the theory.
-    fn comm_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn comm_report(&self) -> PyResult<CommReport> {
         let r = held!(self, e => e.comm_report());
-        let d = PyDict::new(py);
-        d.set_item("grad_reduce", r.last_step.grad_reduce)?;
-        d.set_item("param_gather", r.last_step.param_gather)?;
-        d.set_item("control", r.last_step.control)?;
-        d.set_item("theory", r.theory)?;
-        Ok(d)
+        Ok(CommReport {
+            grad_reduce: r.last_step.grad_reduce,
+            param_gather: r.last_step.param_gather,
+            control: r.last_step.control,
+            theory: r.theory,
+        })
     }
 
     /// Saves a checkpoint (every rank calls it); returns the tag. With
@@ -718,20 +671,20 @@ impl NativeEngine {
     /// the byte ranges of what it holds): its tensors by Hugging Face's names (`prefix`:
     /// the model's base prefix, either way). With `strict`, every parameter must be there
     /// and every other tensor in `ignore` (the model's buffers). Returns what this rank
-    /// read (`requested`, `read`, `files`, `seconds`) and the tensors no parameter took.
+    /// read and the tensors no parameter took.
     /// `round_to` (`"bf16"`, `"fp16"`; `"fp32"` changes nothing): the values are rounded
     /// to that dtype before they become master weights (the dtype of the model they load
     /// into).
     #[pyo3(signature = (path, strict=true, prefix=None, ignore=Vec::new(), round_to=None))]
-    fn load_hf_checkpoint<'py>(
+    fn load_hf_checkpoint(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         path: PathBuf,
         strict: bool,
         prefix: Option<String>,
         ignore: Vec<String>,
         round_to: Option<String>,
-    ) -> PyResult<(Bound<'py, PyDict>, Vec<String>)> {
+    ) -> PyResult<HfLoad> {
         let round_to = round_to
             .map(|name| {
                 zero_runtime::checkpoint::export::parse_dtype_arg(&name).ok_or_else(|| {
@@ -748,12 +701,13 @@ impl NativeEngine {
             round_to,
         };
         let (stats, left) = detached!(self, py, e => e.load_hf_checkpoint(&path, &options))?;
-        let d = PyDict::new(py);
-        d.set_item("requested", stats.requested)?;
-        d.set_item("read", stats.read)?;
-        d.set_item("files", stats.files)?;
-        d.set_item("seconds", stats.elapsed.as_secs_f64())?;
-        Ok((d, left))
+        Ok(HfLoad {
+            requested: stats.requested,
+            read: stats.read,
+            files: stats.files,
+            seconds: stats.elapsed.as_secs_f64(),
+            left,
+        })
     }
 
     /// Writes the 16-bit model as Hugging Face safetensors into `save_dir` (rank 0 writes;
@@ -783,80 +737,10 @@ impl NativeEngine {
     }
 }
 
-/// A step's outcome as a dict: `skipped`, `grad_norm`, `loss_scale`, `lr`.
-fn outcome_dict<'py>(py: Python<'py>, out: &StepOutcome) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("skipped", out.skipped)?;
-    d.set_item("grad_norm", out.grad_norm)?;
-    d.set_item("loss_scale", out.loss_scale)?;
-    d.set_item("lr", out.lr)?;
-    Ok(d)
-}
-
-/// The job as the launcher describes it (torchrun, deepspeed, srun, mpirun): `(rank,
-/// world_size, local_rank, local_world_size, rank 0's host)`, as `init_distributed`
-/// needs them to start torch's process group under any launcher (`None` for the local
-/// world size where the launcher does not say).
+/// The job as the launcher describes it (torchrun, deepspeed, srun, mpirun; a world of
+/// one without one), as `init_distributed` needs it to start torch's process group under
+/// any launcher.
 #[pyfunction]
-pub fn launch_addr() -> PyResult<(usize, usize, usize, Option<usize>, String)> {
-    let env = start::launch_env()?;
-    Ok((
-        env.rank,
-        env.world_size,
-        env.local_rank,
-        env.local_world_size,
-        env.master_addr.clone(),
-    ))
-}
-
-/// `(rank, world_size, local_rank)` as the launcher says (a world of one without one).
-#[pyfunction]
-pub fn launch_info() -> PyResult<(usize, usize, usize)> {
-    let env = start::launch_env()?;
-    Ok((env.rank, env.world_size, env.local_rank))
-}
-
-/// Reads a DeepSpeed config (JSON text) for `world_size` ranks with zero's parser, and
-/// returns it resolved ("auto" filled in) as JSON, with the notes it made: the same
-/// checks and "did you mean" errors as everywhere else.
-#[pyfunction]
-pub fn resolve_config(config_json: &str, world_size: usize) -> PyResult<String> {
-    let c = ZeroConfig::from_json_str(config_json, world_size)
-        .map_err(|e| crate::errors::ConfigError::new_err(e.to_string()))?;
-    let precision = match c.precision {
-        zero_runtime::Precision::Fp32 => "float32",
-        zero_runtime::Precision::Fp16(_) => "float16",
-        zero_runtime::Precision::Bf16 => "bfloat16",
-    };
-    let optimizer = c.optimizer.as_ref().map(|o| {
-        serde_json::json!({
-            "name": o.name,
-            "params": o.params,
-            // f32s as their shortest decimal text (0.01, not 0.009999999776482582).
-            "adam": o.adam.map(|a| serde_json::json!({
-                "lr": a.lr.to_string(),
-                "betas": [a.beta1.to_string(), a.beta2.to_string()],
-                "eps": a.eps.to_string(),
-                "weight_decay": a.weight_decay.to_string(),
-                "decoupled": a.decay == WeightDecay::Decoupled,
-                "bias_correction": a.bias_correction,
-            })),
-        })
-    });
-    Ok(serde_json::json!({
-        "optimizer": optimizer,
-        "scheduler": c.scheduler.is_some(),
-        "offload_optimizer": c.zero.offload_optimizer.device != zero_runtime::config::OffloadDevice::None,
-        "offload_optimizer_partial": c.zero.offload_optimizer.partial,
-        "train_batch_size": c.train_batch_size,
-        "train_micro_batch_size_per_gpu": c.micro_batch_per_rank,
-        "gradient_accumulation_steps": c.gradient_accumulation_steps,
-        "gradient_clipping": c.gradient_clipping,
-        "stage": c.zero.stage,
-        "dtype": precision,
-        "gather_16bit_weights_on_model_save": c.zero.gather_16bit_weights_on_model_save,
-        "param_persistence_threshold": c.zero.param_persistence_threshold,
-        "notes": c.notes,
-    })
-    .to_string())
+pub fn launch_info() -> PyResult<LaunchInfo> {
+    Ok(LaunchInfo::from(&start::launch_env()?))
 }

@@ -61,13 +61,13 @@ def _set_launch_variables() -> None:
     """torch's ``env://`` reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
     ``MASTER_PORT``; ``srun`` and ``mpirun`` set their own. Fill in what is missing from
     zero's reading of the launcher (what DeepSpeed's MPI discovery does, without mpi4py)."""
-    rank, world, local, local_world, addr = _native.launch_addr()
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world))
-    os.environ.setdefault("LOCAL_RANK", str(local))
-    if local_world is not None:
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(local_world))
-    os.environ.setdefault("MASTER_ADDR", addr)
+    launch = _native.launch_info()
+    os.environ.setdefault("RANK", str(launch.rank))
+    os.environ.setdefault("WORLD_SIZE", str(launch.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(launch.local_rank))
+    if launch.local_world_size is not None:
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(launch.local_world_size))
+    os.environ.setdefault("MASTER_ADDR", launch.master_addr)
 
 
 def init_distributed(

@@ -12,11 +12,14 @@ to the model with a confusing "the model has no attribute".
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, TYPE_CHECKING
 
 import torch
 
 from .errors import NotProvidedAttributeError, UnsupportedError
+
+if TYPE_CHECKING:
+    from ._native import ResolvedConfig
 
 DEEPSPEED_ENGINE_MEMBERS = frozenset(
     [
@@ -88,7 +91,7 @@ class DeepSpeedEngineAPI:
     """Members of DeepSpeed's engine beyond the training loop (mixed into ``ZeroEngine``)."""
 
     _config: Dict[str, Any]
-    _resolved: Dict[str, Any]
+    _resolved: ResolvedConfig
 
     def _zero_section(self) -> Dict[str, Any]:
         return dict(self._config.get("zero_optimization") or {})
@@ -110,7 +113,7 @@ class DeepSpeedEngineAPI:
         return self._zero_section().get("offload_param")
 
     def zero_use_cpu_optimizer(self) -> bool:
-        return bool(self._resolved.get("offload_optimizer"))
+        return self._resolved.offload_optimizer
 
     def zero_allow_untested_optimizer(self) -> bool:
         return bool(self._config.get("zero_allow_untested_optimizer", False))

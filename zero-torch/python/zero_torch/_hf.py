@@ -129,13 +129,13 @@ class HfCheckpointMethods:
         persistent = set(model.state_dict().keys())
         buffers = {n: b for n, b in model.named_buffers() if n in persistent}
         round_to = _DTYPE_NAMES.get(model_dtype) if model_dtype is not None else None
-        stats, left = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers), round_to)
-        read_buffers = self._load_hf_buffers(os.fspath(path), left, buffers, prefix)
+        stats = rt.native.load_hf_checkpoint(os.fspath(path), strict, prefix, list(buffers), round_to)
+        read_buffers = self._load_hf_buffers(os.fspath(path), stats.left, buffers, prefix)
         rt.write_back()
         self._load_report = {
-            "bytes_requested": int(stats["requested"]),
-            "bytes_read": int(stats["read"]),
-            "files_opened": int(stats["files"]),
+            "bytes_requested": stats.requested,
+            "bytes_read": stats.read,
+            "files_opened": stats.files,
             "buffers": read_buffers,
             "seconds": time.perf_counter() - t0,
             "peak_rss": _peak_rss(),

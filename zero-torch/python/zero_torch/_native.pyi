@@ -6,9 +6,10 @@ does not follow fails the tests.
 
 Shapes the Rust side uses: a module's parameters are numbered ``(m, k)`` (module ``m`` in
 the engine's order, its ``k``-th parameter); tensors cross as DLPack capsules or buffers
-read in place; the resolved config and checkpoint summaries cross as JSON text."""
+read in place; results come back as the frozen classes below (each with ``as_dict()``),
+and checkpoint summaries as JSON text."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, TypedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 class ZeroError(RuntimeError): ...
 class ConfigError(ZeroError): ...
@@ -17,15 +18,24 @@ class CheckpointError(ZeroError): ...
 class DeviceError(ZeroError): ...
 class OrderError(ZeroError): ...
 
-class StepOutcome(TypedDict):
+class StepOutcome:
     """What ``step`` (and an external step's begin or finish) did."""
 
     skipped: bool
     grad_norm: float
     loss_scale: float
     lr: float
+    def as_dict(self) -> Dict[str, Any]: ...
 
-class MemoryReport(TypedDict):
+class StepCounts:
+    """The engine's step counters (DeepSpeed's ``global_steps`` and ``skipped_steps``)."""
+
+    optimizer_steps: int
+    skipped_steps: int
+    global_steps: int
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class MemoryReport:
     """Bytes this rank holds, by kind (``Engine::memory_report``)."""
 
     params: int
@@ -49,31 +59,94 @@ class MemoryReport(TypedDict):
     allocator_used: int
     allocator_peak: int
     device_bound: int
+    def as_dict(self) -> Dict[str, Any]: ...
 
-class CommReport(TypedDict):
+class CommReport:
     """Elements this rank sent in the last step, by purpose, and the theory's count."""
 
     grad_reduce: int
     param_gather: int
     control: int
     theory: int
+    def as_dict(self) -> Dict[str, Any]: ...
 
-class HfLoadStats(TypedDict):
-    """What ``load_hf_checkpoint`` read."""
+class HfLoad:
+    """What ``load_hf_checkpoint`` read on this rank, and the tensors no parameter took."""
 
     requested: int
     read: int
     files: int
     seconds: float
+    left: List[str]
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class ExternalPiece:
+    """One parameter's stretch of an external optimizer's shard: elements
+    ``element_start:element_end`` of parameter ``(module, param)`` lie at
+    ``shard_start:shard_end`` of the group's shard."""
+
+    module: int
+    param: int
+    shard_start: int
+    shard_end: int
+    element_start: int
+    element_end: int
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class LaunchInfo:
+    """The job as the launcher describes it (a world of one without one)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: Optional[int]
+    master_addr: str
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class AdamHyper:
+    """Adam's hyper-parameters from the config (each ``f32`` as its shortest decimal)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    decoupled: bool
+    bias_correction: bool
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class ResolvedOptimizer:
+    """The config's ``optimizer`` section: its type, its ``params`` as JSON text, and
+    Adam's hyper-parameters when zero steps it itself."""
+
+    name: str
+    params_json: str
+    adam: Optional[AdamHyper]
+    def as_dict(self) -> Dict[str, Any]: ...
+
+class ResolvedConfig:
+    """The config as zero's parser resolves it ("auto" filled in)."""
+
+    optimizer: Optional[ResolvedOptimizer]
+    scheduler: bool
+    offload_optimizer: bool
+    offload_optimizer_partial: bool
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    gradient_clipping: float
+    stage: int
+    dtype: str
+    gather_16bit_weights_on_model_save: bool
+    param_persistence_threshold: int
+    notes: List[str]
+    def as_dict(self) -> Dict[str, Any]: ...
 
 ParamEntry = Tuple[str, List[int], bool, List[str], int]
 """One parameter as the engine is told it: name, shape, trained or frozen, its other full
 names (tied weights), and its optimizer parameter group."""
 ModuleArg = Tuple[str, List[ParamEntry]]
 """One module: its name and its parameters."""
-Piece = Tuple[int, int, int, int, int, int]
-"""One parameter's stretch of an external shard: ``(m, k, shard_start, shard_end,
-element_start, element_end)``."""
 ImportedTensors = Tuple[str, Any, Optional[Any], Optional[Any]]
 """A parameter's name and its ``(master, exp_avg, exp_avg_sq)`` float tensors."""
 LossScaleState = Tuple[float, Optional[Tuple[int, int, int]]]
@@ -160,10 +233,9 @@ class NativeEngine:
     ) -> None: ...
     def set_group_lr(self, g: int, lr: float) -> None: ...
     def group_lrs(self) -> List[float]: ...
-    def optimizer(self) -> Optional[Tuple[str, bool, str]]: ...
     def step_external_begin(self) -> Optional[StepOutcome]: ...
     def external_group_len(self, g: int) -> int: ...
-    def external_group_pieces(self, g: int) -> List[Piece]: ...
+    def external_group_pieces(self, g: int) -> List[ExternalPiece]: ...
     def external_read(self, g: int, what: str, out: Any) -> None: ...
     def step_external_finish(self, masters: Sequence[Any]) -> StepOutcome: ...
     def step_external_abort(self) -> None: ...
@@ -180,7 +252,7 @@ class NativeEngine:
     def zero_grad(self) -> None:
         """Discards the step's gradients and the window's counters (a collective)."""
     def lr(self) -> float: ...
-    def step_counts(self) -> Tuple[int, int, int]: ...
+    def step_counts(self) -> StepCounts: ...
     def memory_report(self) -> MemoryReport: ...
     def comm_report(self) -> CommReport: ...
     def save_checkpoint(
@@ -206,15 +278,13 @@ class NativeEngine:
         prefix: Optional[str] = None,
         ignore: Sequence[str] = ...,
         round_to: Optional[str] = None,
-    ) -> Tuple[HfLoadStats, List[str]]: ...
+    ) -> HfLoad: ...
     def save_16bit_model(self, save_dir: str) -> List[str]: ...
     def save_hf_weights(self, save_dir: str, max_shard_bytes: int, dtype: str) -> List[str]: ...
 
-def launch_addr() -> Tuple[int, int, int, Optional[int], str]:
-    """``(rank, world_size, local_rank, local_world_size, rank 0's host)`` from the launcher."""
-def launch_info() -> Tuple[int, int, int]: ...
-def resolve_config(config_json: str, world_size: int) -> str:
-    """The resolved config as JSON."""
+def launch_info() -> LaunchInfo: ...
+def resolve_config(config_json: str, world_size: int) -> ResolvedConfig:
+    """The config resolved by zero's parser, with its checks and "did you mean" errors."""
 def read_client_state(checkpoint_dir: str, tag: Optional[str] = None) -> str: ...
 def read_checkpoint_summary(checkpoint_dir: str, tag: Optional[str] = None) -> str: ...
 def read_fp32_state(checkpoint_dir: str, tag: Optional[str] = None) -> List[Fp32Entry]: ...

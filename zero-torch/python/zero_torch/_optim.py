@@ -35,12 +35,15 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, TYPE_CHECKING, Tuple
 
 import torch
 
 from .errors import ConfigError, UnsupportedError
 from .optim import ADAM_CLASSES, DeepSpeedCPUAdam, FusedAdam
+
+if TYPE_CHECKING:
+    from ._native import NativeEngine, ResolvedConfig, StepOutcome
 
 FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW) + ADAM_CLASSES
 """Stepped by zero's fused Adam (matched by exact type, as DeepSpeed's ZeRO does)."""
@@ -135,26 +138,28 @@ def _params_arg(model: torch.nn.Module, model_parameters: Optional[Iterable[Any]
     return out
 
 
-def _from_config(resolved: Dict[str, Any], params: List[Any]) -> torch.optim.Optimizer:
+def _from_config(resolved: ResolvedConfig, params: List[Any]) -> torch.optim.Optimizer:
     """The optimizer a config's ``optimizer`` section makes (DeepSpeed's
     ``_configure_basic_optimizer``), over ``params``."""
-    o = resolved["optimizer"]
-    adam = o.get("adam")
+    o = resolved.optimizer
+    assert o is not None, "the config has an optimizer section"
+    o_params: Dict[str, Any] = json.loads(o.params_json)
+    adam = o.adam
     if adam is not None:
         common: Dict[str, Any] = dict(
-            lr=float(adam["lr"]),
-            betas=(float(adam["betas"][0]), float(adam["betas"][1])),
-            eps=float(adam["eps"]),
-            weight_decay=float(adam["weight_decay"]),
+            lr=adam.lr,
+            betas=(adam.beta1, adam.beta2),
+            eps=adam.eps,
+            weight_decay=adam.weight_decay,
         )
-        if o.get("params", {}).get("torch_adam") and not resolved.get("offload_optimizer"):
+        if o_params.get("torch_adam") and not resolved.offload_optimizer:
             # DeepSpeed's `torch_adam`: torch's own Adam/AdamW, with torch's defaults.
-            cls = torch.optim.AdamW if adam["decoupled"] else torch.optim.Adam
-            return cls(params, foreach=o["params"].get("foreach"), **common)
-        ds = DeepSpeedCPUAdam if resolved.get("offload_optimizer") else FusedAdam
-        mode = {"adamw_mode" if ds is DeepSpeedCPUAdam else "adam_w_mode": bool(adam["decoupled"])}
-        return ds(params, bias_correction=bool(adam["bias_correction"]), **common, **mode)
-    name = o["name"]
+            cls = torch.optim.AdamW if adam.decoupled else torch.optim.Adam
+            return cls(params, foreach=o_params.get("foreach"), **common)
+        ds = DeepSpeedCPUAdam if resolved.offload_optimizer else FusedAdam
+        mode = {"adamw_mode" if ds is DeepSpeedCPUAdam else "adam_w_mode": adam.decoupled}
+        return ds(params, bias_correction=adam.bias_correction, **common, **mode)
+    name = o.name
     cls = getattr(torch.optim, name, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise UnsupportedError(
@@ -162,7 +167,7 @@ def _from_config(resolved: Dict[str, Any], params: List[Any]) -> torch.optim.Opt
             "or the exact name of a torch.optim optimizer (DeepSpeed builds torch.optim.<type>)"
         )
     try:
-        return cls(params, **o.get("params", {}))
+        return cls(params, **o_params)
     except TypeError as e:
         raise ConfigError(f"optimizer.params does not fit torch.optim.{name}: {e}") from None
 
@@ -172,7 +177,7 @@ def resolve(
     client: Any,
     model_parameters: Optional[Iterable[Any]],
     cfg: Dict[str, Any],
-    resolved: Dict[str, Any],
+    resolved: ResolvedConfig,
     device: torch.device = torch.device("cpu"),
 ) -> Plan:
     """The plan for ``initialize``'s ``optimizer=`` (``client``), ``model_parameters`` and
@@ -188,14 +193,14 @@ def resolve(
         client = client(params)
         if not isinstance(client, torch.optim.Optimizer):
             raise UnsupportedError(f"the optimizer callable returned a {type(client).__name__}, not a torch.optim.Optimizer")
-    if client is not None and resolved.get("optimizer") is not None:
+    if client is not None and resolved.optimizer is not None:
         warnings.warn(
             f"initialize() got an optimizer ({type(client).__name__}) and the config has an "
             "optimizer section: the optimizer passed in code is used, as DeepSpeed does",
             stacklevel=3,
         )
     basic = client
-    if basic is None and resolved.get("optimizer") is not None:
+    if basic is None and resolved.optimizer is not None:
         basic = _from_config(resolved, params)
     if basic is None:
         return Plan(kind="none", basic=None)
@@ -238,17 +243,17 @@ def _client_adam_fused(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _kind(basic: torch.optim.Optimizer, cfg: Dict[str, Any], resolved: Dict[str, Any], device: torch.device) -> str:
+def _kind(basic: torch.optim.Optimizer, cfg: Dict[str, Any], resolved: ResolvedConfig, device: torch.device) -> str:
     name = type(basic).__name__
     torch_adam = type(basic) in (torch.optim.Adam, torch.optim.AdamW)
     # Offloaded, zero's fused Adam steps it (DeepSpeed would want its DeepSpeedCPUAdam).
-    torch_steps = torch_adam and not resolved.get("offload_optimizer") and not _client_adam_fused(device)
+    torch_steps = torch_adam and not resolved.offload_optimizer and not _client_adam_fused(device)
     if type(basic) in FUSED_TYPES and not torch_steps and not any(
         g.get("amsgrad") or g.get("maximize") or g.get("capturable") or g.get("differentiable")
         for g in basic.param_groups
     ):
         return "fused"
-    stage = int(resolved["stage"])
+    stage = resolved.stage
     if type(basic).__module__.startswith("torch.optim"):
         if name in NOT_STEPPABLE:
             raise UnsupportedError(f"{name} cannot be an engine's optimizer: {NOT_STEPPABLE[name]}")
@@ -257,7 +262,7 @@ def _kind(basic: torch.optim.Optimizer, cfg: Dict[str, Any], resolved: Dict[str,
                 f"{name} cannot step a rank's shard of the parameters: {NOT_ELEMENTWISE[name]} (ZeRO "
                 "stages 1-3 step each rank's flat fp32 shard, as DeepSpeed's do); it works at stage 0"
             )
-    if resolved.get("offload_optimizer"):
+    if resolved.offload_optimizer:
         raise UnsupportedError(
             f"offload_optimizer steps zero's fused Adam, and the optimizer is {name}: use "
             "DeepSpeedCPUAdam / Adam / AdamW, or do not offload (DeepSpeed refuses this too, "
@@ -363,10 +368,10 @@ class Driver:
         if self.stage != 0 or self.param_at is None:
             return [(shard, 0, shard.numel())]
         where = {}
-        for m, k, s0, s1, e0, e1 in native.external_group_pieces(g):
-            p = self.param_at(m, k)
-            assert (e0, e1) == (0, p.numel()), "stage 0 holds every parameter whole"
-            where[id(p)] = (s0, s1)
+        for piece in native.external_group_pieces(g):
+            p = self.param_at(piece.module, piece.param)
+            assert (piece.element_start, piece.element_end) == (0, p.numel()), "stage 0 holds every parameter whole"
+            where[id(p)] = (piece.shard_start, piece.shard_end)
         views = []
         for p in params:
             if id(p) in where:  # frozen parameters have no place (DeepSpeed skips them: no grad)
@@ -410,23 +415,22 @@ class Driver:
                 native.set_group(g, lr, h["betas"][0], h["betas"][1], h["eps"], h["weight_decay"], h["decoupled"], h["bias_correction"])
                 self.sent[g] = key
 
-    def step(self, native: Any) -> Dict[str, Any]:
-        """The optimizer step; returns the engine's outcome (``skipped``, ``grad_norm``,
-        ``loss_scale``, ``lr``)."""
+    def step(self, native: NativeEngine) -> StepOutcome:
+        """The optimizer step; returns the engine's outcome."""
         if self.plan.kind == "fused":
             self.send(native)
-            out = dict(native.step())
+            out = native.step()
         else:
             out = self._external_step(native)
         self.show_lrs(native)
         return out
 
-    def _external_step(self, native: Any) -> Dict[str, Any]:
+    def _external_step(self, native: NativeEngine) -> StepOutcome:
         basic = self.plan.basic
         assert basic is not None
         begun = native.step_external_begin()
         if begun is not None:
-            return dict(begun)
+            return begun
         try:
             lrs = native.group_lrs() if self.config_schedule else None
             for g, shard in enumerate(self.shards):
@@ -436,7 +440,7 @@ class Driver:
                 if lrs is not None:
                     basic.param_groups[g]["lr"] = lrs[g]
             basic.step()
-            return dict(native.step_external_finish(self.shards))
+            return native.step_external_finish(self.shards)
         except BaseException:
             native.step_external_abort()
             raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, TYPE_CHECKING, Tuple, Union
 
 import torch
 
@@ -19,6 +19,9 @@ from ._model import Registry, Unit, register
 from ._optim import Driver, Plan
 from ._throughput import ThroughputTimer
 from .errors import ConfigError, OrderError, UnsupportedError
+
+if TYPE_CHECKING:
+    from ._native import ResolvedConfig, StepOutcome
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -36,7 +39,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         self,
         model: torch.nn.Module,
         config: Dict[str, Any],
-        resolved: Dict[str, Any],
+        resolved: ResolvedConfig,
         plan: Optional[Plan] = None,
         lr_scheduler: Any = None,
         timeout_s: float = 300.0,
@@ -50,13 +53,13 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         self.config: Dict[str, Any] = config
         """The DeepSpeed config as given (a dict), as DeepSpeed's ``engine.config``."""
         self._resolved = resolved
-        self._dtype = _DTYPES[resolved["dtype"]]
-        rank, world, local = _native.launch_info()
-        self.global_rank: int = rank
-        self.world_size: int = world
-        self.dp_world_size: int = world
-        self.local_rank: int = local
-        self.device: torch.device = choose_device(model, local)
+        self._dtype = _DTYPES[resolved.dtype]
+        launch = _native.launch_info()
+        self.global_rank: int = launch.rank
+        self.world_size: int = launch.world_size
+        self.dp_world_size: int = launch.world_size
+        self.local_rank: int = launch.local_rank
+        self.device: torch.device = choose_device(model, launch.local_rank)
         """Where the model trains: ``cuda:<n>`` (the local rank's GPU, NCCL) or ``cpu``."""
         # As DeepSpeed 0.19.8 casts (`_cast_module_mixed_precision`): the parameters to the
         # 16-bit dtype; buffers keep theirs (rotary frequencies, BatchNorm statistics).
@@ -94,8 +97,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         ``engine.lr_scheduler``, which starts as this one."""
         self._driver = Driver(
             self._plan,
-            config_schedule=bool(resolved.get("scheduler")) and lr_scheduler is None,
-            stage=int(resolved["stage"]),
+            config_schedule=resolved.scheduler and lr_scheduler is None,
+            stage=resolved.stage,
             param_at=lambda m, k: self._runtime.order[m].params[k].param,
         )
         trained = set(self._plan.group_of) if self._plan.basic is not None else None
@@ -112,8 +115,8 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         keeps the micro-step counters and the declared boundary from then on)."""
         self._registry: Registry = register(model, trained, self._plan.group_of)
         self._runtime = Runtime(
-            model, self._registry, self._build, int(resolved["stage"]), self.device,
-            int(resolved.get("param_persistence_threshold", 0)),
+            model, self._registry, self._build, resolved.stage, self.device,
+            resolved.param_persistence_threshold,
         )
         self._runtime.on_built = self._driver.on_built
         self._runtime.install()
@@ -125,7 +128,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             # Built now, filling the model unit by unit (placeholders) or parameter by
             # parameter (a host model for a GPU engine): its first forward needs values.
             self._runtime.ensure_built()
-        self._last_step: Optional[Dict[str, Any]] = None
+        self._last_step: Optional[StepOutcome] = None
         self.optimizer: Optional[ZeroOptimizer] = ZeroOptimizer(self) if self._plan.basic is not None else None
         """What ``initialize`` returns as the optimizer (``None`` without one, as DeepSpeed)."""
         self.basic_optimizer: Optional[torch.optim.Optimizer] = self._plan.basic
@@ -139,7 +142,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         scheduler takes effect at the next step."""
         if lr_scheduler is not None:
             self.lr_scheduler = lr_scheduler
-        elif resolved.get("scheduler"):
+        elif resolved.scheduler:
             self.lr_scheduler = _SchedulerView(self)
         self.tput_timer = ThroughputTimer(
             config, batch_size=self.train_batch_size(), steps_per_output=self.steps_per_print(), device=self.device
@@ -330,7 +333,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             rt.sync_user_changes()
             self._last_step = self._driver.step(self._native)
             rt.write_back()
-            if not self._last_step["skipped"]:
+            if not self._last_step.skipped:
                 self._step_scheduler(lr_kwargs)
         self.tput_timer.stop(global_step=boundary, report_speed=boundary and self.global_rank == 0)
 
@@ -379,19 +382,19 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
     # ---- getters (methods, as DeepSpeed's) --------------------------------------------
 
     def train_batch_size(self) -> int:
-        return int(self._resolved["train_batch_size"])
+        return self._resolved.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return int(self._resolved["train_micro_batch_size_per_gpu"])
+        return self._resolved.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self) -> int:
-        return int(self._resolved["gradient_accumulation_steps"])
+        return self._resolved.gradient_accumulation_steps
 
     def zero_optimization_stage(self) -> int:
-        return int(self._resolved["stage"])
+        return self._resolved.stage
 
     def gradient_clipping(self) -> float:
-        return float(self._resolved["gradient_clipping"])
+        return self._resolved.gradient_clipping
 
     def fp16_enabled(self) -> bool:
         return self._dtype == torch.float16
@@ -426,15 +429,15 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
 
     def get_global_grad_norm(self) -> Optional[float]:
         """The gradient norm of the last optimizer step, before clipping."""
-        return None if self._last_step is None else float(self._last_step["grad_norm"])
+        return None if self._last_step is None else self._last_step.grad_norm
 
     def was_step_applied(self) -> bool:
         """False if the last optimizer step was skipped (fp16 overflow)."""
-        return self._last_step is not None and not self._last_step["skipped"]
+        return self._last_step is not None and not self._last_step.skipped
 
     @property
     def global_steps(self) -> int:
-        return int(self._native.step_counts()[2])
+        return self._native.step_counts().global_steps
 
     @property
     def global_samples(self) -> int:
@@ -442,10 +445,10 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
 
     @property
     def skipped_steps(self) -> int:
-        return int(self._native.step_counts()[1])
+        return self._native.step_counts().skipped_steps
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
-        return bool(self._resolved.get("gather_16bit_weights_on_model_save", False))
+        return self._resolved.gather_16bit_weights_on_model_save
 
     def memory_report(self) -> Dict[str, int]:
         """Bytes this rank holds for the model, by category: the engine's (``params``,
@@ -472,7 +475,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         peak (its buffers at rest, the most gathered at once, their partitions as the
         gathers' inputs, and one released bucket whose stream-ordered free has not run);
         what the script holds comes on top."""
-        r = dict(self._native.memory_report())
+        r: Dict[str, int] = self._native.memory_report().as_dict()
         r["torch_params"], r["torch_grads"] = self._runtime.torch_bytes()
         on_gpu = self.device.type == "cuda"
         r["torch_cuda_allocated"] = int(torch.cuda.memory_allocated(self.device)) if on_gpu else 0
@@ -499,7 +502,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
 
     def comm_report(self) -> Dict[str, int]:
         """Elements this rank sent in the last step, by purpose, and the theory."""
-        return dict(self._native.comm_report())
+        return self._native.comm_report().as_dict()
 
     def _take_modified(self, params: List[torch.nn.Parameter], modifier_rank: int) -> None:
         """Rank ``modifier_rank``'s values of ``params`` become every rank's (master

@@ -114,13 +114,13 @@ def initialize(
         raise UnsupportedError("mesh_param= (tensor/sequence parallel meshes) is not supported")
     cfg = _sanitize(_load_config(args, config, config_params))
     _check_local_rank(args)
-    device = choose_device(model, _native.launch_info()[2])
+    device = choose_device(model, _native.launch_info().local_rank)
     _dist.init_distributed(
         dist_backend=_dist.backend_for(device),
         distributed_port=distributed_port if distributed_port is not None else _dist.DEFAULT_PORT,
         dist_init_required=dist_init_required,
     )
-    _, world, _ = _native.launch_info()
+    world = _native.launch_info().world_size
     if _dist.world_size() != world:
         raise ConfigError(
             f"torch's process group has {_dist.world_size()} ranks and the launcher's job {world}: "
@@ -128,14 +128,14 @@ def initialize(
         )
     # Every rank starts from rank 0's model, before anything else (as DeepSpeed does).
     _dist.broadcast_model(model)
-    resolved = json.loads(_native.resolve_config(json.dumps(cfg), world))
+    resolved = _native.resolve_config(json.dumps(cfg), world)
     plan = _optim.resolve(model, optimizer, model_parameters, cfg, resolved, device)
     scheduler = lr_scheduler
     if scheduler is not None and callable(scheduler) and not hasattr(scheduler, "step"):
         if plan.basic is None:
             raise ConfigError("lr_scheduler= is a callable, and there is no optimizer to give it")
         scheduler = scheduler(plan.basic)
-    if scheduler is not None and resolved.get("scheduler"):
+    if scheduler is not None and resolved.scheduler:
         warnings.warn(
             "initialize() got lr_scheduler= and the config has a scheduler section: the one "
             "passed in code is used, as DeepSpeed does",
@@ -150,7 +150,7 @@ def initialize(
         lr_scheduler=scheduler,
         rendezvous_port=_dist.agree_rendezvous_port(),
     )
-    if resolved.get("offload_optimizer_partial"):
+    if resolved.offload_optimizer_partial:
         # DeepSpeed's stage-3 partial offload draws one number from torch's generator for
         # its backup optimizer (runtime/zero/stage3.py); a seeded script's later draws then
         # depend on it, so zero draws it too.
@@ -184,21 +184,21 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     return parser
 
 
-def _warn_stage0_16bit(cfg: Dict[str, Any], resolved: Dict[str, Any]) -> None:
+def _warn_stage0_16bit(cfg: Dict[str, Any], resolved: _native.ResolvedConfig) -> None:
     """Says, on rank 0, where a DeepSpeed 0.19.8 script gets other numbers on zero: 16-bit
     training at stage 0 (bf16 with gradients summed in bf16, or fp16), where DeepSpeed's
     ``FP16_UnfusedOptimizer``/``FP16_Optimizer`` step the optimizer once with zero
     gradients when they are built and zero does not (zero-torch README, "Differences";
     measured for bf16, read in DeepSpeed's code for fp16)."""
     accum = (cfg.get("data_types") or {}).get("grad_accum_dtype")
-    sixteen = resolved["dtype"] == "float16" or (
-        resolved["dtype"] == "bfloat16" and accum in (None, "bf16", "bfloat16")
+    sixteen = resolved.dtype == "float16" or (
+        resolved.dtype == "bfloat16" and accum in (None, "bf16", "bfloat16")
     )
-    if resolved["stage"] != 0 or not sixteen:
+    if resolved.stage != 0 or not sixteen:
         return
-    if _native.launch_info()[0] == 0:
+    if _native.launch_info().rank == 0:
         warnings.warn(
-            f"{resolved['dtype']} at ZeRO stage 0: DeepSpeed 0.19.8 steps its optimizer once with zero gradients "
+            f"{resolved.dtype} at ZeRO stage 0: DeepSpeed 0.19.8 steps its optimizer once with zero gradients "
             "when it builds this path (FP16_UnfusedOptimizer / FP16_Optimizer), so its Adam starts at step 1 and "
             "applies weight decay once more; zero steps Adam as DeepSpeed's stages 1-3 do, so the numbers differ "
             "from DeepSpeed's stage 0 from the first step (zero-torch README, Differences)",

@@ -79,6 +79,70 @@ def test_the_stub_names_every_export_of_the_native_module() -> None:
     assert set(methods) - {"__new__"} == engine - getters, (set(methods) - {"__new__"}) ^ (engine - getters)
 
 
+def _stub_results() -> Dict[str, Tuple[List[str], set]]:
+    """Each stub class with annotated attributes (the result classes): its attributes in
+    order, and its methods."""
+    out: Dict[str, Tuple[List[str], set]] = {}
+    for node in ast.parse(STUB.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            attrs = [i.target.id for i in node.body if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)]
+            if attrs:
+                out[node.name] = (attrs, {i.name for i in node.body if isinstance(i, ast.FunctionDef)})
+    return out
+
+
+def test_each_result_class_has_the_stubs_attributes() -> None:
+    """The frozen result classes (step outcome, reports, resolved config, launch, pieces):
+    the stub's attributes are the class's getters, and nothing can be set on them."""
+    results = _stub_results()
+    native = {
+        n: c
+        for n in dir(_native)
+        if isinstance(c := getattr(_native, n), type) and n != "NativeEngine" and not issubclass(c, BaseException)
+    }
+    assert set(results) == set(native), set(results) ^ set(native)
+    for name, (attrs, methods) in results.items():
+        cls = native[name]
+        members = {n: v for n, v in vars(cls).items() if not n.startswith("__")}
+        getters = {n for n, v in members.items() if type(v).__name__ == "getset_descriptor"}
+        assert set(attrs) == getters, (name, set(attrs) ^ getters)
+        assert methods == set(members) - getters, (name, methods ^ (set(members) - getters))
+        for method in methods:
+            assert _stub_params(next(
+                f for n in ast.parse(STUB.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name
+                for f in n.body if isinstance(f, ast.FunctionDef) and f.name == method
+            )) == _runtime_params(getattr(cls, method)), f"{name}.{method}"
+
+
+def test_result_classes_are_typed_and_frozen() -> None:
+    """What crosses back is typed: the resolved config's fields have their Python types,
+    the dict view has the same values, and a result cannot be changed."""
+    import pytest
+
+    cfg = _native.resolve_config(
+        '{"train_batch_size": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,'
+        ' "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},'
+        ' "bf16": {"enabled": true}, "zero_optimization": {"stage": 3}}',
+        2,
+    )
+    assert isinstance(cfg, _native.ResolvedConfig)
+    assert (cfg.stage, cfg.dtype, cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu) == (3, "bfloat16", 8, 2)
+    assert cfg.gradient_clipping == 1.0 and not cfg.scheduler and not cfg.offload_optimizer
+    assert cfg.optimizer is not None and cfg.optimizer.name == "adamw"
+    adam = cfg.optimizer.adam
+    assert adam is not None and adam.decoupled
+    # f32 hyper-parameters come back as the decimal the user wrote, not the f32's expansion.
+    assert (adam.lr, adam.weight_decay) == (0.01, 0.1)
+    d = cfg.as_dict()
+    assert d["stage"] == 3 and d["notes"] == cfg.notes and d["optimizer"].name == "adamw"
+    with pytest.raises(AttributeError):
+        cfg.stage = 2  # type: ignore[misc]
+    launch = _native.launch_info()
+    assert launch.world_size >= 1 and 0 <= launch.rank < launch.world_size
+    assert repr(launch).startswith(f"LaunchInfo(rank={launch.rank}, world_size={launch.world_size}, ")
+    assert "adam=AdamHyper(lr=0.01, " in repr(cfg.optimizer)
+
+
 def test_each_stub_signature_matches_pyo3s() -> None:
     functions, methods, _, _ = _stub()
     checked = 0

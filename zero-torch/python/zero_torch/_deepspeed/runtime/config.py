@@ -100,18 +100,18 @@ class DeepSpeedConfig:
         initialized = _td.is_available() and _td.is_initialized()
         self.global_rank: int = _td.get_rank() if initialized else 0
         self.world_size: int = _td.get_world_size() if initialized else 1
-        resolved = json.loads(_native.resolve_config(json.dumps(self._param_dict), self.world_size))
-        self._resolved: Dict[str, Any] = resolved
-        self.train_batch_size: int = int(resolved["train_batch_size"])
-        self.train_micro_batch_size_per_gpu: int = int(resolved["train_micro_batch_size_per_gpu"])
-        self.gradient_accumulation_steps: int = int(resolved["gradient_accumulation_steps"])
-        self.fp16_enabled: bool = resolved["dtype"] == "float16"
-        self.bfloat16_enabled: bool = resolved["dtype"] == "bfloat16"
+        resolved = _native.resolve_config(json.dumps(self._param_dict), self.world_size)
+        self._resolved: _native.ResolvedConfig = resolved
+        self.train_batch_size: int = resolved.train_batch_size
+        self.train_micro_batch_size_per_gpu: int = resolved.train_micro_batch_size_per_gpu
+        self.gradient_accumulation_steps: int = resolved.gradient_accumulation_steps
+        self.fp16_enabled: bool = resolved.dtype == "float16"
+        self.bfloat16_enabled: bool = resolved.dtype == "bfloat16"
         self.float16_config = _PrecisionConfig("float16_config", self.fp16_enabled)
         self.bfloat16_config = _PrecisionConfig("bfloat16_config", self.bfloat16_enabled)
-        self.zero_optimization_stage: int = int(resolved["stage"])
+        self.zero_optimization_stage: int = resolved.stage
         self.zero_enabled: bool = self.zero_optimization_stage > 0
-        self.gradient_clipping: float = float(resolved["gradient_clipping"])
+        self.gradient_clipping: float = resolved.gradient_clipping
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -119,7 +119,7 @@ class DeepSpeedConfig:
         raise NotProvidedAttributeError(message(f"deepspeed.DeepSpeedConfig.{name}"), name=name, obj=self)
 
     def __repr__(self) -> str:
-        precision = _DTYPE_NAMES.get(self._resolved["dtype"], self._resolved["dtype"])
+        precision = _DTYPE_NAMES.get(self._resolved.dtype, self._resolved.dtype)
         return (
             f"DeepSpeedConfig(train_batch_size={self.train_batch_size}, "
             f"micro_batch={self.train_micro_batch_size_per_gpu}, gas={self.gradient_accumulation_steps}, "

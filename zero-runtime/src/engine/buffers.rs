@@ -32,10 +32,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .ready()
                         .ok_or_else(|| EngineError::NotFetched(module.name.clone()))?
                 } else {
-                    state
-                        .params
-                        .as_ref()
-                        .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?
+                    state.params.get()?
                 };
                 Ok((buf, self.plan.buckets[bucket].layout.tensor_range(index)))
             }
@@ -89,10 +86,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     let part = layout.partition_range(self.rank)?.start;
                     self.upload_owned_f32(bucket, at - part, values)
                 } else {
-                    let params = self.buckets[bucket]
-                        .params
-                        .as_mut()
-                        .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+                    let params = self.buckets[bucket].params.get_mut()?;
                     self.dev.upload_f32(params, at, values)
                 }
             }
@@ -107,7 +101,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut out: Vec<&C::Buffer> = self
             .buckets
             .iter()
-            .flat_map(|s| s.params.iter().chain(s.gather.ready()))
+            .flat_map(|s| s.params.held().into_iter().chain(s.gather.ready()))
             .collect();
         out.push(&self.frozen);
         out

@@ -73,11 +73,16 @@ impl<B> Grads<B> {
         }
     }
 
-    /// Stages 0–1's whole gradients (`None` at stages 2–3, or while reduced).
-    pub(super) fn whole(&self) -> Option<&B> {
+    /// What the optimizer reads of this micro-step's reductions: stages 0–1's whole
+    /// gradients, stages 2–3's fp32 accumulator where there is one, else the partition.
+    pub(super) fn reduced(&self) -> Option<&B> {
         match self {
             Self::Whole { grads, .. } => grads.as_ref(),
-            _ => None,
+            Self::Sharded {
+                accum: Some(accum), ..
+            } => Some(accum),
+            Self::Sharded { shard, .. } => shard.as_ref(),
+            Self::Frozen => None,
         }
     }
 

@@ -50,9 +50,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             ParamLoc::Bucket { bucket, index } => (bucket, index),
         };
         let layout = &self.plan.buckets[bucket].layout;
-        let in_flight = || EngineError::Internal("parameters in flight".into());
         if !self.params_sharded(bucket) {
-            let buf = self.buckets[bucket].params.as_ref().ok_or_else(in_flight)?;
+            let buf = self.buckets[bucket].params.get()?;
             return Ok(HeldParam::Buffer(buf, layout.tensor_range(index)));
         }
         let part = layout.partition_range(self.rank)?.start;
@@ -67,7 +66,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 None => HeldParam::Swapped { bucket, range },
             }),
             _ => {
-                let buf = self.buckets[bucket].params.as_ref().ok_or_else(in_flight)?;
+                let buf = self.buckets[bucket].params.get()?;
                 Ok(HeldParam::Buffer(buf, range))
             }
         }

@@ -53,10 +53,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Some(buf) => Ok((buf, 0)),
             None => {
                 let at = self.held_param_offset(b)?;
-                let params = self.buckets[b]
-                    .params
-                    .as_ref()
-                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?;
+                let params = self.buckets[b].params.get()?;
                 Ok((params, at))
             }
         }
@@ -76,10 +73,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let state = &mut self.buckets[b];
         let buf = match state.opt.master.as_mut() {
             Some(m) => m,
-            None => state
-                .params
-                .as_mut()
-                .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?,
+            None => state.params.get_mut()?,
         };
         Ok((&self.dev, buf, at))
     }

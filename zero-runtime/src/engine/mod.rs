@@ -30,6 +30,7 @@ mod groups;
 mod held;
 mod master;
 mod offload;
+mod param_state;
 mod report;
 mod step;
 mod views;
@@ -78,8 +79,9 @@ impl StagePolicy {
 
 /// Per-bucket buffers of one rank.
 struct BucketState<B, W2> {
-    /// Parameters: the whole bucket, or (stage 3, non-persistent) the owned partition.
-    params: Option<B>,
+    /// Parameters: the whole bucket, or (stage 3, non-persistent) the owned partition;
+    /// lent only to the step's all-gathers (`param_state.rs`).
+    params: param_state::Params<B>,
     /// Its gradient buffers, their variant chosen by the stage (`grad_state.rs`).
     grads: grad_state::Grads<B>,
     /// Bytes of this bucket's gradients (the partition in stages 2–3, the whole gradients
@@ -103,7 +105,7 @@ impl<B, W2> BucketState<B, W2> {
     /// zero-length optimizer arrays.
     fn frozen<D: Device<Buffer = B>>(params: B, dev: &D) -> Result<Self, EngineError> {
         Ok(Self {
-            params: Some(params),
+            params: param_state::Params::Held(params),
             grads: grad_state::Grads::Frozen,
             released: 0,
             carry: None,
@@ -115,6 +117,12 @@ impl<B, W2> BucketState<B, W2> {
             pending: 0,
             gather: gather_state::Gather::Idle,
         })
+    }
+
+    /// What the optimizer reads of this micro-step's reductions of bucket `b`
+    /// ([`Grads::reduced`](grad_state::Grads::reduced)).
+    fn reduced_grads(&self, b: usize) -> Result<&B, EngineError> {
+        self.grads.reduced().ok_or_else(|| step::missing_grads(b))
     }
 }
 
@@ -308,7 +316,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 continue;
             }
             buckets.push(BucketState {
-                params: Some(dev.zeros(dtype, params_len)?),
+                params: param_state::Params::Held(dev.zeros(dtype, params_len)?),
                 grads: if policy.shards_gradients() {
                     grad_state::Grads::Sharded {
                         staging: None,
@@ -524,13 +532,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
             let owned = self.held_len(b);
             let start = self.held_param_offset(b)?;
-            let params = self.take_params(b)?;
-            let copied = match self.buckets[b].opt.master.as_mut() {
-                Some(master) => self.dev.copy(&params, start..start + owned, master, 0),
-                None => Ok(()),
+            // An offloaded partition comes to the device for the copy.
+            let tier_copy = self.tier_params_on_device(b)?;
+            let state = &mut self.buckets[b];
+            let params = match &tier_copy {
+                Some(p) => p,
+                None => state.params.get()?,
             };
-            self.put_params(b, params)?;
-            copied?;
+            if let Some(master) = state.opt.master.as_mut() {
+                self.dev.copy(params, start..start + owned, master, 0)?;
+            }
         }
         Ok(())
     }

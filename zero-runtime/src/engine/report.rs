@@ -283,10 +283,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let opt_size = |o: Option<&C::Buffer>| o.map_or(0, size);
         let mut r = MemoryReport::default();
         for s in &self.buckets[self.trainable_range().end..] {
-            r.frozen += opt_size(s.params.as_ref());
+            r.frozen += opt_size(s.params.held());
         }
         for s in &self.buckets[self.trainable_range()] {
-            r.params += opt_size(s.params.as_ref());
+            r.params += opt_size(s.params.held());
             r.grads += opt_size(s.grads.kept());
             r.master += opt_size(s.opt.master.as_ref());
             r.exp_avg += size(&s.opt.exp_avg);

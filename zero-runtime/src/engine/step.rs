@@ -382,22 +382,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &self,
         b: usize,
     ) -> Result<(&C::Buffer, std::ops::Range<usize>), EngineError> {
-        let state = &self.buckets[b];
         let layout = &self.plan.buckets[b].layout;
-        let missing = || EngineError::Internal(format!("bucket {b}'s gradients are missing"));
-        Ok(if !self.policy.shards_gradients() {
-            (
-                state.grads.whole().ok_or_else(missing)?,
-                layout.partition_range(self.rank)?,
-            )
-        } else if let Some(accum) = state.grads.accum() {
-            (accum, 0..layout.partition_len())
+        let range = if self.policy.shards_gradients() {
+            0..layout.partition_len()
         } else {
-            (
-                state.grads.shard().ok_or_else(missing)?,
-                0..layout.partition_len(),
-            )
-        })
+            layout.partition_range(self.rank)?
+        };
+        Ok((self.buckets[b].reduced_grads(b)?, range))
     }
 
     fn update_parameters(&mut self, grad_scale: f32) -> Result<(), EngineError> {
@@ -423,62 +414,66 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } else {
                 (0..layout.total_len(), 0)
             };
-            // The optimizer reads the gradients in place; take the buffers it writes out.
-            let mut params = self.take_params(b)?;
-            let mut opt = std::mem::replace(
-                &mut self.buckets[b].opt,
-                crate::device::AdamState {
-                    master: None,
-                    exp_avg: self.dev.zeros(DType::F32, 0)?,
-                    exp_avg_sq: self.dev.zeros(DType::F32, 0)?,
-                },
-            );
             let runs = self.adam_runs(b);
-            let result = {
-                let (grads, _) = self.step_grads(b)?;
-                self.dev.adam(
-                    &runs,
-                    step,
-                    grad_scale,
-                    &mut opt,
-                    grads,
-                    grads_range,
-                    &mut params,
-                    params_offset,
-                )
+            // The optimizer reads the gradients and writes the state and the parameters in
+            // place (an offloaded partition through a device copy).
+            let mut tier_copy = self.tier_params_on_device(b)?;
+            let super::BucketState {
+                params,
+                grads,
+                carry,
+                opt,
+                ..
+            } = &mut self.buckets[b];
+            let grads = match carry.as_ref() {
+                Some(carry) => carry,
+                None => grads.reduced().ok_or_else(|| missing_grads(b))?,
             };
-            self.buckets[b].opt = opt;
-            if let Err(e) = result {
-                self.put_params(b, params)?;
-                return Err(e);
+            let params = match tier_copy.as_mut() {
+                Some(copy) => copy,
+                None => params.get_mut()?,
+            };
+            let result = self.dev.adam(
+                &runs,
+                step,
+                grad_scale,
+                opt,
+                grads,
+                grads_range,
+                params,
+                params_offset,
+            );
+            if let Some(copy) = &tier_copy {
+                self.tier_params_back(b, copy)?;
             }
-            self.return_params(b, params, part, &mut gathers)?;
+            result?;
+            self.gather_whole(b, part, &mut gathers)?;
         }
         self.finish_gathers(gathers)
     }
 
-    /// Puts bucket `b`'s parameters back after this rank wrote its owned range `part`:
-    /// where the stage keeps the bucket whole (stages 1–2, stage 3's persistent buckets)
-    /// the ranges are all-gathered, and the work joins `gathers`.
-    pub(super) fn return_params(
+    /// Where the stage keeps bucket `b` whole (stages 1–2, stage 3's persistent buckets),
+    /// all-gathers the owned ranges `part` this rank wrote into its parameters: the
+    /// parameters are lent to the gather, and the work joins `gathers`.
+    pub(super) fn gather_whole(
         &mut self,
         b: usize,
-        params: C::Buffer,
         part: std::ops::Range<usize>,
         gathers: &mut Vec<(usize, super::W2<C>)>,
     ) -> Result<(), EngineError> {
-        if self.policy.shards_optimizer() && !self.params_sharded(b) {
-            let mut input = self.dev.zeros(self.dtype, part.len())?;
-            self.dev.copy(&params, part, &mut input, 0)?;
-            let work = self.issue(
-                |c| &mut c.param_gather,
-                |comm| comm.all_gather(input, params),
-            )?;
-            gathers.push((b, work));
-            Ok(())
-        } else {
-            self.put_params(b, params)
+        if !self.policy.shards_optimizer() || self.params_sharded(b) {
+            return Ok(()); // updated in place, nothing to gather
         }
+        let mut input = self.dev.zeros(self.dtype, part.len())?;
+        self.dev
+            .copy(self.buckets[b].params.get()?, part, &mut input, 0)?;
+        let params = self.buckets[b].params.lend()?;
+        let work = self.issue(
+            |c| &mut c.param_gather,
+            |comm| comm.all_gather(input, params),
+        )?;
+        gathers.push((b, work));
+        Ok(())
     }
 
     /// After this rank wrote its owned range of every bucket's parameters in place (the
@@ -486,24 +481,21 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub(super) fn publish_params(&mut self) -> Result<(), EngineError> {
         let mut gathers = Vec::new();
         for b in self.trainable_range() {
-            if self.params_sharded(b) {
-                continue; // written in place, nothing to gather
-            }
             let part = self.plan.buckets[b].layout.partition_range(self.rank)?;
-            let params = self.take_params(b)?;
-            self.return_params(b, params, part, &mut gathers)?;
+            self.gather_whole(b, part, &mut gathers)?;
         }
         self.finish_gathers(gathers)
     }
 
-    /// Waits for the gathers of [`return_params`](Self::return_params).
+    /// Waits for the gathers of [`gather_whole`](Self::gather_whole): each bucket's
+    /// parameters come back.
     pub(super) fn finish_gathers(
         &mut self,
         gathers: Vec<(usize, super::W2<C>)>,
     ) -> Result<(), EngineError> {
         for (b, work) in gathers {
             let (_, full) = work.wait()?;
-            self.buckets[b].params = Some(full);
+            self.buckets[b].params.put_back(full);
         }
         Ok(())
     }
@@ -566,4 +558,9 @@ fn diff(a: CommCounters, b: CommCounters) -> CommCounters {
         param_gather: a.param_gather - b.param_gather,
         control: a.control - b.control,
     }
+}
+
+/// Bucket `b` has none of the gradients the optimizer reads (a bug).
+pub(super) fn missing_grads(b: usize) -> EngineError {
+    EngineError::Internal(format!("bucket {b}'s gradients are missing"))
 }

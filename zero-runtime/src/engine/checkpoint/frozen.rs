@@ -56,10 +56,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             let buf = match &full {
                 Some(f) => f,
-                None => self.buckets[b]
-                    .params
-                    .as_ref()
-                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))?,
+                None => self.buckets[b].params.get()?,
             };
             for i in 0..self.plan.buckets[b].params.len() {
                 if let Err(e) = self.stream_encoded(w, buf, layout.tensor_range(i)) {

@@ -517,16 +517,24 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let part = layout.partition_range(self.rank)?;
             let n = self.held_len(b);
             let offset = self.held_param_offset(b)?;
-            let mut params = self.take_params(b)?;
-            let copied = match self.buckets[b].opt.master.as_ref() {
-                Some(master) => self.dev.copy(master, 0..n, &mut params, offset),
+            // An offloaded partition is written through a device copy.
+            let mut tier_copy = self.tier_params_on_device(b)?;
+            let state = &mut self.buckets[b];
+            let copied = match state.opt.master.as_ref() {
+                Some(master) => {
+                    let params = match tier_copy.as_mut() {
+                        Some(copy) => copy,
+                        None => state.params.get_mut()?,
+                    };
+                    self.dev.copy(master, 0..n, params, offset)
+                }
                 None => Ok(()), // fp32: the parameters are the master weights
             };
-            if let Err(e) = copied {
-                self.put_params(b, params)?;
-                return Err(e);
+            if let Some(copy) = &tier_copy {
+                self.tier_params_back(b, copy)?;
             }
-            self.return_params(b, params, part, &mut gathers)?;
+            copied?;
+            self.gather_whole(b, part, &mut gathers)?;
         }
         self.finish_gathers(gathers)
     }

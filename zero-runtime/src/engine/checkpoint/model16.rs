@@ -129,18 +129,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             if let (Some(w), None) = (writer.as_mut(), &failure) {
                 let full = match &gathered {
-                    Some(g) => Some(g),
-                    None => self.buckets[b].params.as_ref(),
+                    Some(g) => Ok(g),
+                    None => self.buckets[b].params.get(),
                 };
-                let wrote = full
-                    .ok_or_else(|| EngineError::Internal("parameters in flight".into()))
-                    .and_then(|full| {
-                        for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
-                            let range = layout.tensor_range(i);
-                            self.write_param(w, id, aliases, |e| e.dev.download_f32(full, range))?;
-                        }
-                        Ok(())
-                    });
+                let wrote = full.and_then(|full| {
+                    for (i, &id) in self.plan.buckets[b].params.iter().enumerate() {
+                        let range = layout.tensor_range(i);
+                        self.write_param(w, id, aliases, |e| e.dev.download_f32(full, range))?;
+                    }
+                    Ok(())
+                });
                 failure = wrote.err();
             }
         }

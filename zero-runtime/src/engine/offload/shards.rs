@@ -9,57 +9,46 @@ use crate::EngineError;
 use std::ops::Range;
 use zero_comm::{Communicator, HostBuffer};
 
-fn in_flight() -> EngineError {
-    EngineError::Internal("parameters in flight".into())
-}
-
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
-    /// Whether bucket `b`'s owned parameters live in the parameter tier.
-    pub(in crate::engine) fn params_offloaded(&self, b: usize) -> bool {
-        self.param_tier.as_ref().is_some_and(|t| t.holds(b))
-    }
-
-    /// Takes bucket `b`'s parameter buffer to update it in place; an offloaded partition
-    /// comes to the device for the duration. Give it back with
-    /// [`put_params`](Self::put_params).
-    pub(in crate::engine) fn take_params(&mut self, b: usize) -> Result<C::Buffer, EngineError> {
+    /// A device copy of bucket `b`'s owned partition when it lives in the parameter tier,
+    /// to update it there; `None` when the bucket's own buffer holds it (update that in
+    /// place). Write the copy back with [`tier_params_back`](Self::tier_params_back).
+    pub(in crate::engine) fn tier_params_on_device(
+        &mut self,
+        b: usize,
+    ) -> Result<Option<C::Buffer>, EngineError> {
         match self.param_tier.as_mut().filter(|t| t.holds(b)) {
             Some(tier) => {
                 let n = self.plan.buckets[b].layout.partition_len();
                 let mut buf = self.dev.zeros(self.dtype, n)?;
                 self.dev.copy_from_host(tier.get(b)?, 0..n, &mut buf, 0)?;
-                Ok(buf)
+                Ok(Some(buf))
             }
-            None => self.buckets[b].params.take().ok_or_else(in_flight),
+            None => Ok(None),
         }
     }
 
-    /// Gives back what [`take_params`](Self::take_params) took (an offloaded partition
-    /// goes back to its tier and leaves the device).
-    pub(in crate::engine) fn put_params(
+    /// Writes a copy from [`tier_params_on_device`](Self::tier_params_on_device) back to
+    /// the parameter tier (it then leaves the device).
+    pub(in crate::engine) fn tier_params_back(
         &mut self,
         b: usize,
-        params: C::Buffer,
+        params: &C::Buffer,
     ) -> Result<(), EngineError> {
-        match self.param_tier.as_mut().filter(|t| t.holds(b)) {
-            Some(tier) => {
-                let n = self.plan.buckets[b].layout.partition_len();
-                self.dev.copy_to_host(&params, 0..n, tier.get_mut(b)?, 0)
-            }
-            None => {
-                self.buckets[b].params = Some(params);
-                Ok(())
-            }
+        let n = self.plan.buckets[b].layout.partition_len();
+        match self.param_tier.as_mut() {
+            Some(tier) => self.dev.copy_to_host(params, 0..n, tier.get_mut(b)?, 0),
+            None => Ok(()),
         }
     }
 
     /// A device copy of bucket `b`'s owned partition (stage 3): the input of its gather.
     pub(in crate::engine) fn shard_input(&mut self, b: usize) -> Result<C::Buffer, EngineError> {
-        if self.params_offloaded(b) {
-            return self.take_params(b);
+        if let Some(copy) = self.tier_params_on_device(b)? {
+            return Ok(copy);
         }
         let n = self.plan.buckets[b].layout.partition_len();
-        let shard = self.buckets[b].params.as_ref().ok_or_else(in_flight)?;
+        let shard = self.buckets[b].params.get()?;
         let mut input = self.dev.zeros(self.dtype, n)?;
         self.dev.copy(shard, 0..n, &mut input, 0)?;
         Ok(input)
@@ -76,7 +65,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             return tier.read_f32(b, range, out);
         }
         let at = self.owned_param_offset(b)?;
-        let params = self.buckets[b].params.as_ref().ok_or_else(in_flight)?;
+        let params = self.buckets[b].params.get()?;
         self.dev
             .download_f32_into(params, at + range.start..at + range.end, out)
     }
@@ -92,7 +81,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             return tier.put_f32(b, at, vals);
         }
         let start = self.owned_param_offset(b)?;
-        let params = self.buckets[b].params.as_mut().ok_or_else(in_flight)?;
+        let params = self.buckets[b].params.get_mut()?;
         self.dev.upload_f32(params, start + at, vals)
     }
 
@@ -109,7 +98,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             return HostDevice.copy(src, range, tier.get_mut(b)?, at);
         }
         let start = self.owned_param_offset(b)?;
-        let params = self.buckets[b].params.as_mut().ok_or_else(in_flight)?;
+        let params = self.buckets[b].params.get_mut()?;
         self.dev.copy_from_host(src, range, params, start + at)
     }
 

@@ -523,8 +523,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         // Master weights start from the (rounded) parameters of the owned range.
-        if self.offload.is_some() {
-            return self.init_offloaded_master();
+        if let Some(r) = self.with_offload(|e, off| e.init_offloaded_master(off)) {
+            return r;
         }
         for b in self.trainable_range() {
             if self.buckets[b].opt.master.is_none() {

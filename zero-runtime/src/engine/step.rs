@@ -394,10 +394,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn update_parameters(&mut self, grad_scale: f32) -> Result<(), EngineError> {
         let step = self.optimizer_steps;
         let mut gathers = Vec::new();
-        if self.offload.is_some() {
-            // The state lives off the device: the same Adam, sub-group by sub-group, then
-            // the same gathers.
-            self.offloaded_adam(grad_scale)?;
+        // The state lives off the device: the same Adam, sub-group by sub-group, then the
+        // same gathers.
+        if let Some(stepped) = self.with_offload(|e, off| e.offloaded_adam(off, grad_scale)) {
+            stepped?;
             return self.publish_params();
         }
         for b in self.trainable_range() {

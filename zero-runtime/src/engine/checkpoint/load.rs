@@ -507,8 +507,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The 16-bit parameters from the fp32 master weights: each rank rounds the range it
     /// holds, and buckets kept whole are all-gathered, as after an optimizer step.
     pub(in crate::engine) fn params_from_master(&mut self) -> Result<(), EngineError> {
-        if self.offload.is_some() {
-            self.offloaded_params_from_master()?;
+        if let Some(r) = self.with_offload(|e, off| e.offloaded_params_from_master(off)) {
+            r?;
             return self.publish_params();
         }
         let mut gathers = Vec::new();

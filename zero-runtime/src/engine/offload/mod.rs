@@ -170,8 +170,9 @@ pub(crate) struct Offload {
     pub store: Store,
     pub arena: HostArena,
     /// Host staging of a chunk of a sub-group's gradients (by dtype: an fp32 accumulator,
-    /// or 16-bit) and parameters.
-    pub grads: Vec<HostBuffer>,
+    /// or 16-bit), double: one chunk arrives while the one before is stepped; and of a
+    /// chunk of parameters.
+    pub grads: [HostBuffer; 2],
     pub params: HostBuffer,
     /// Bytes of state in the host tier, and on NVMe (the swap file, with each block's
     /// alignment padding).
@@ -226,7 +227,7 @@ impl Offload {
             .min(step::stage_elements());
         let arena = HostArena::new(HostArena::default_budget());
         // Two gradient chunks: one arrives while the one before is stepped.
-        let grads = vec![
+        let grads = [
             arena.buffer(grad_dtype, largest, "the gradient staging of one chunk")?,
             arena.buffer(grad_dtype, largest, "the gradient staging of one chunk")?,
         ];

@@ -2,9 +2,9 @@
 //! code for the host tier and NVMe (where the blocks are read ahead and written behind).
 
 use super::super::Engine;
-use super::{HostGrads, Offload, Store, SubGroup};
+use super::{HostGrads, Offload, Pipeline, Store, SubGroup};
 use crate::device::{Device, HostDevice};
-use crate::io::Ticket;
+use crate::io::{AlignedBuf, SwapFile, Ticket};
 use crate::EngineError;
 use std::collections::VecDeque;
 use zero_comm::{Communicator, HostBuffer};
@@ -93,50 +93,95 @@ fn cpu_adam(
     .map_err(EngineError::from)
 }
 
+/// What every sub-group of one offloaded step shares: the sub-groups, the host staging
+/// (the double gradient chunk and the parameter chunk), the reduced gradient partitions
+/// when they live in host memory, and the gradients' scale.
+struct Pass<'a> {
+    groups: &'a [SubGroup],
+    staging: (&'a mut [HostBuffer; 2], &'a mut HostBuffer),
+    host: Option<&'a HostGrads>,
+    scale: f32,
+}
+
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
-    /// Adam over every sub-group of the offloaded state; the 16-bit parameters of each go
-    /// back to the device's buffers (the all-gathers follow, as on the device).
-    pub(in crate::engine) fn offloaded_adam(&mut self, grad_scale: f32) -> Result<(), EngineError> {
-        let mut off = self
-            .offload
-            .take()
-            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
-        off.uncache();
-        let r = match off.store {
-            Store::Host(_) => self.host_pass(&mut off, grad_scale),
-            Store::Nvme { .. } => self.nvme_pass(&mut off, grad_scale),
-        };
+    /// Runs `f` with the offloaded optimizer lent out of the engine (its passes need the
+    /// rest of the engine mutably; it is back when `f` returns); `None` when the optimizer
+    /// state is on the device.
+    pub(in crate::engine) fn with_offload<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self, &mut Offload) -> Result<T, EngineError>,
+    ) -> Option<Result<T, EngineError>> {
+        let mut off = self.offload.take()?;
+        let r = f(self, &mut off);
         self.offload = Some(off);
-        r
+        Some(r)
     }
 
-    fn host_pass(&mut self, off: &mut Offload, scale: f32) -> Result<(), EngineError> {
-        for i in 0..off.groups.len() {
-            let g = off.groups[i].clone();
-            let Store::Host(per) = &mut off.store else {
-                return Err(EngineError::Internal("host pass on another tier".into()));
-            };
+    /// Adam over every sub-group of the offloaded state `off`; the 16-bit parameters of
+    /// each go back to the device's buffers (the all-gathers follow, as on the device).
+    pub(in crate::engine) fn offloaded_adam(
+        &mut self,
+        off: &mut Offload,
+        grad_scale: f32,
+    ) -> Result<(), EngineError> {
+        off.uncache();
+        let Offload {
+            groups,
+            store,
+            grads,
+            params,
+            host_grads,
+            pipeline,
+            ..
+        } = off;
+        let pass = Pass {
+            groups,
+            staging: (grads, params),
+            host: host_grads.as_ref(),
+            scale: grad_scale,
+        };
+        match store {
+            Store::Host(per) => self.host_pass(per, pass),
+            Store::Nvme { file, buffers, .. } => self.nvme_pass(file, buffers, pipeline, pass),
+        }
+    }
+
+    fn host_pass(&mut self, per: &mut [[Vec<f32>; 3]], pass: Pass<'_>) -> Result<(), EngineError> {
+        let Pass {
+            groups,
+            staging: (grads, params),
+            host,
+            scale,
+        } = pass;
+        for g in groups {
             let [master, m, v] = &mut per[g.bucket];
             let r = g.range.clone();
-            let staging = (&mut off.grads[..], &mut off.params);
             self.step_group(
-                &g,
+                g,
                 scale,
                 [&mut master[r.clone()], &mut m[r.clone()], &mut v[r]],
-                staging,
-                off.host_grads.as_ref(),
+                (&mut *grads, &mut *params),
+                host,
             )?;
         }
         Ok(())
     }
 
     /// NVMe: block i+1 (and i+2) is read while block i is stepped and block i−1 written.
-    fn nvme_pass(&mut self, off: &mut Offload, scale: f32) -> Result<(), EngineError> {
-        let Store::Nvme { file, buffers, .. } = &mut off.store else {
-            return Err(EngineError::Internal("NVMe pass on another tier".into()));
-        };
+    fn nvme_pass(
+        &mut self,
+        file: &mut SwapFile,
+        buffers: &mut Vec<AlignedBuf>,
+        pipeline: &Pipeline,
+        pass: Pass<'_>,
+    ) -> Result<(), EngineError> {
+        let Pass {
+            groups,
+            staging: (grads, params),
+            host,
+            scale,
+        } = pass;
         let mut free: Vec<_> = std::mem::take(buffers);
-        let groups = off.groups.clone();
         let mut reads: VecDeque<(usize, Ticket)> = VecDeque::new();
         let mut writes: VecDeque<Ticket> = VecDeque::new();
         let mut next = 0;
@@ -167,8 +212,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
                     let (master, rest) = all[..3 * n].split_at_mut(n);
                     let (m, v) = rest.split_at_mut(n);
-                    let staging = (&mut off.grads[..], &mut off.params);
-                    self.step_group(g, scale, [master, m, v], staging, off.host_grads.as_ref())?;
+                    let staging = (&mut *grads, &mut *params);
+                    self.step_group(g, scale, [master, m, v], staging, host)?;
                 }
                 writes.push_back(file.write(buf, g.offset, g.block).map_err(io)?);
             }
@@ -189,7 +234,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         *buffers = free;
-        off.pipeline.refill(buffers);
+        pipeline.refill(buffers);
         result
     }
 
@@ -207,7 +252,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         g: &SubGroup,
         scale: f32,
         [master, m, v]: [&mut [f32]; 3],
-        (grads, params): (&mut [HostBuffer], &mut HostBuffer),
+        (grads, params): (&mut [HostBuffer; 2], &mut HostBuffer),
         host: Option<&HostGrads>,
     ) -> Result<(), EngineError> {
         let b = g.bucket;
@@ -224,11 +269,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .step_by(chunk)
             .map(|at| at..(at + chunk).min(g.range.len()))
             .collect();
-        let [cur, next] = grads else {
-            return Err(EngineError::Internal(
-                "the gradient staging is not double".into(),
-            ));
-        };
+        let [cur, next] = grads;
         // The staging takes the dtype of what the step reads: a reopened micro-step's
         // fp32 carry crosses as fp32 (rounding it to the gradients' dtype would change
         // the step), and the next step's gradients in their own dtype again.
@@ -294,43 +335,33 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Initialization: each sub-group's master weights from the (rounded) parameters,
     /// moments zero.
-    pub(in crate::engine) fn init_offloaded_master(&mut self) -> Result<(), EngineError> {
-        let mut off = self
-            .offload
-            .take()
-            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
-        let r = (|| {
-            let mut st = off.begin_staging(false)?;
-            let mut vals = Vec::new();
-            for i in 0..off.groups.len() {
-                let g = off.groups[i].clone();
-                off.begin_region(&mut st, i, false)?;
-                vals.resize(g.range.len(), 0.0);
-                self.owned_params_f32(g.bucket, g.range.clone(), &mut vals)?;
-                off.put(&mut st, i, 0, 0, &vals)?;
-                off.end_region(&mut st, i)?;
-            }
-            off.commit(st)
-        })();
-        self.offload = Some(off);
-        r
+    pub(in crate::engine) fn init_offloaded_master(
+        &mut self,
+        off: &mut Offload,
+    ) -> Result<(), EngineError> {
+        let mut st = off.begin_staging(false)?;
+        let mut vals = Vec::new();
+        for i in 0..off.groups.len() {
+            let g = off.groups[i].clone();
+            off.begin_region(&mut st, i, false)?;
+            vals.resize(g.range.len(), 0.0);
+            self.owned_params_f32(g.bucket, g.range.clone(), &mut vals)?;
+            off.put(&mut st, i, 0, 0, &vals)?;
+            off.end_region(&mut st, i)?;
+        }
+        off.commit(st)
     }
 
     /// The owned 16-bit parameters from the offloaded master weights (after a load; the
     /// all-gathers follow).
-    pub(in crate::engine) fn offloaded_params_from_master(&mut self) -> Result<(), EngineError> {
-        let mut off = self
-            .offload
-            .take()
-            .ok_or_else(|| EngineError::Internal("no offloaded optimizer".into()))?;
-        let r = (|| {
-            for b in self.trainable_range() {
-                let n = self.plan.buckets[b].layout.partition_len();
-                off.read(b, 0, 0..n, |o, vals| self.upload_owned_f32(b, o, vals))?;
-            }
-            Ok(())
-        })();
-        self.offload = Some(off);
-        r
+    pub(in crate::engine) fn offloaded_params_from_master(
+        &mut self,
+        off: &mut Offload,
+    ) -> Result<(), EngineError> {
+        for b in self.trainable_range() {
+            let n = self.plan.buckets[b].layout.partition_len();
+            off.read(b, 0, 0..n, |o, vals| self.upload_owned_f32(b, o, vals))?;
+        }
+        Ok(())
     }
 }

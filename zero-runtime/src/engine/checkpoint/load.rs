@@ -27,13 +27,33 @@ use zero_kernels::DType;
 /// What a rank read, held aside until every rank has read successfully.
 pub(super) struct Staged<B> {
     /// New optimizer state per bucket.
-    pub(super) opt: Vec<AdamState<B>>,
+    pub(super) opt: Vec<StagedOpt<B>>,
     /// Frozen parameters from the checkpoint, the elements this rank holds: (global id,
     /// element range, values).
     pub(super) frozen: Vec<FrozenPiece>,
     /// The new offloaded state, when the state lives off the device.
     pub(super) offload: Option<Staging>,
     pub(super) resume: Resume,
+}
+
+/// A bucket's new optimizer state as a load stages it: the master weights always in a
+/// buffer of their own, even where the parameters are the master weights (fp32: `apply`
+/// copies them there), and the moments.
+pub(super) struct StagedOpt<B> {
+    master: B,
+    exp_avg: B,
+    exp_avg_sq: B,
+}
+
+impl<B> StagedOpt<B> {
+    /// The staged array of `kind`.
+    fn array_mut(&mut self, kind: StateKind) -> &mut B {
+        match kind {
+            StateKind::Master => &mut self.master,
+            StateKind::ExpAvg => &mut self.exp_avg,
+            StateKind::ExpAvgSq => &mut self.exp_avg_sq,
+        }
+    }
 }
 
 /// Where the run continues from: counters, loss scaler, schedule, client state.
@@ -326,7 +346,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         &mut self,
         src: &mut dyn Source,
         moments: bool,
-    ) -> Result<(Vec<AdamState<C::Buffer>>, Vec<FrozenPiece>, Option<Staging>), EngineError> {
+    ) -> Result<(Vec<StagedOpt<C::Buffer>>, Vec<FrozenPiece>, Option<Staging>), EngineError> {
         let mut opt = Vec::with_capacity(self.trainable_range().len());
         let on_device = if self.offload.is_some() {
             0
@@ -341,8 +361,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let mut master = self.dev.zeros(DType::F32, n)?;
             let (cur_master, at) = self.held_array(b, 0)?;
             self.dev.copy(cur_master, at..at + n, &mut master, 0)?;
-            let mut new = AdamState {
-                master: Some(master),
+            let mut new = StagedOpt {
+                master,
                 exp_avg: self.dev.zeros(DType::F32, n)?,
                 exp_avg_sq: self.dev.zeros(DType::F32, n)?,
             };
@@ -358,10 +378,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     continue;
                 }
                 let at = piece.flat_range.start - start;
-                for &(kind, which) in kinds(moments) {
-                    let dst = new.array_mut(which).ok_or_else(|| {
-                        EngineError::Internal("staged master weights missing".into())
-                    })?;
+                for &(kind, _) in kinds(moments) {
+                    let dst = new.array_mut(kind);
                     let dev = &self.dev;
                     src.state(
                         piece.param,
@@ -386,14 +404,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         // Last, as nothing after it may fail: a staged offload copy must be committed or
         // abandoned.
-        let offload = match self.offload.take() {
-            Some(mut off) => {
-                let r = self.read_offloaded(&mut off, src, moments);
-                self.offload = Some(off);
-                Some(r?)
-            }
-            None => None,
-        };
+        let offload = self
+            .with_offload(|e, off| e.read_offloaded(off, src, moments))
+            .transpose()?;
         Ok((opt, frozen, offload))
     }
 
@@ -467,18 +480,21 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let (Some(st), Some(off)) = (staged.offload, self.offload.as_mut()) {
             off.commit(st)?;
         }
-        for (b, mut opt) in staged.opt.into_iter().enumerate() {
-            if self.buckets[b].opt.master.is_none() {
+        for (b, new) in staged.opt.into_iter().enumerate() {
+            let master = if self.buckets[b].opt.master.is_none() {
                 // fp32: the parameters are the master weights; the staged ones go there.
                 let n = self.held_len(b);
-                let staged_master = opt
-                    .master
-                    .take()
-                    .ok_or_else(|| EngineError::Internal("staged master weights missing".into()))?;
                 let (dev, params, at) = self.master_mut(b)?;
-                dev.copy(&staged_master, 0..n, params, at)?;
-            }
-            self.buckets[b].opt = opt;
+                dev.copy(&new.master, 0..n, params, at)?;
+                None
+            } else {
+                Some(new.master)
+            };
+            self.buckets[b].opt = AdamState {
+                master,
+                exp_avg: new.exp_avg,
+                exp_avg_sq: new.exp_avg_sq,
+            };
         }
         for (id, range, values) in staged.frozen {
             self.upload_held(id, range, &values)?;

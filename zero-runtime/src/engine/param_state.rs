@@ -1,10 +1,12 @@
 //! A bucket's 16-bit parameters as an explicit state: held in the bucket, or lent to an
 //! all-gather. Where the stage keeps a bucket whole (stages 1–2, stage 3's persistent
-//! buckets) the step gathers the updated partitions into the bucket's own buffer, and the
-//! communicator takes that buffer by value until the gather is waited for. The step
-//! keeps the gathers in flight in a list of its own and gives every buffer back before it
-//! returns, so outside a step a bucket's parameters are always held; only a failed
-//! all-gather leaves them lent for good (the collective took them with it).
+//! buckets) the step gathers the updated partitions into the bucket's own buffer (and so
+//! does a load, which rounds the parameters from the master weights the same way), and
+//! the communicator takes that buffer by value until the gather is waited for. The step
+//! (`step.rs`: `gather_whole`, `finish_gathers`) keeps the gathers in flight in a list of
+//! its own and gives every buffer back before it returns, so outside it a bucket's
+//! parameters are always held; only a failed all-gather leaves them lent for good (the
+//! collective took them with it).
 //!
 //! Everything else reads or writes the parameters in place (the device Adam, the copies
 //! to and from the master weights): nothing takes them out of the bucket.

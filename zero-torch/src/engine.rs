@@ -297,7 +297,7 @@ impl NativeEngine {
         grad: Bound<'_, PyAny>,
         stream: Option<u64>,
     ) -> PyResult<bool> {
-        {
+        let complete = {
             let mut guard = self.lock()?;
             let first = with_engine!(&mut *guard, e => e.begin_grad(m, k)).map_err(to_py)?;
             match &mut *guard {
@@ -317,9 +317,14 @@ impl NativeEngine {
                     }
                 })?,
             }
+            with_engine!(&mut *guard, e => e.count_grad(m, k)).map_err(to_py)?
+        };
+        // Declaring the module complete may start a reduction: with the GIL released, as
+        // every collective (a gradient that completes nothing leaves the GIL alone).
+        if complete {
+            detached!(self, py, e => e.grads_ready(m))?;
         }
-        // Counting may start a reduction: with the GIL released, as every collective.
-        detached!(self, py, e => e.finish_grad(m, k))
+        Ok(complete)
     }
 
     /// Each trainable parameter of `modules` (used in the first forward, every use with

@@ -260,6 +260,18 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// and when module `m` is now complete it is declared ready (its reduction starts once
     /// its bucket is complete). Returns whether it was.
     pub fn finish_grad(&mut self, m: usize, k: usize) -> Result<bool, EngineError> {
+        if !self.count_grad(m, k)? {
+            return Ok(false);
+        }
+        self.grads_ready(m)?;
+        Ok(true)
+    }
+
+    /// The first half of [`finish_grad`](Self::finish_grad), which never communicates:
+    /// counts the gradient and returns whether module `m` is now complete, which the
+    /// caller then declares with [`grads_ready`](Self::grads_ready) (a front-end counts
+    /// under the lock it wrote the gradient under, and leaves it only to declare).
+    pub fn count_grad(&mut self, m: usize, k: usize) -> Result<bool, EngineError> {
         self.module(m)?;
         if k >= self.arrivals.trainable(m) {
             return Err(EngineError::Order(format!(
@@ -267,11 +279,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 self.arrivals.trainable(m)
             )));
         }
-        if !self.arrivals.arrive(m, k) {
-            return Ok(false);
-        }
-        self.grads_ready(m)?;
-        Ok(true)
+        Ok(self.arrivals.arrive(m, k))
     }
 
     /// The end of a backward: the first one's counts become what the engine expects,

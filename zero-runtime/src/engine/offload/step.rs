@@ -146,22 +146,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
     }
 
-    fn host_pass(&mut self, per: &mut [[Vec<f32>; 3]], pass: Pass<'_>) -> Result<(), EngineError> {
-        let Pass {
-            groups,
-            staging: (grads, params),
-            host,
-            scale,
-        } = pass;
+    fn host_pass(
+        &mut self,
+        per: &mut [[Vec<f32>; 3]],
+        mut pass: Pass<'_>,
+    ) -> Result<(), EngineError> {
+        let groups = pass.groups;
         for g in groups {
             let [master, m, v] = &mut per[g.bucket];
             let r = g.range.clone();
             self.step_group(
+                &mut pass,
                 g,
-                scale,
                 [&mut master[r.clone()], &mut m[r.clone()], &mut v[r]],
-                (&mut *grads, &mut *params),
-                host,
             )?;
         }
         Ok(())
@@ -173,14 +170,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         file: &mut SwapFile,
         buffers: &mut Vec<AlignedBuf>,
         pipeline: &Pipeline,
-        pass: Pass<'_>,
+        mut pass: Pass<'_>,
     ) -> Result<(), EngineError> {
-        let Pass {
-            groups,
-            staging: (grads, params),
-            host,
-            scale,
-        } = pass;
+        let groups = pass.groups;
         let mut free: Vec<_> = std::mem::take(buffers);
         let mut reads: VecDeque<(usize, Ticket)> = VecDeque::new();
         let mut writes: VecDeque<Ticket> = VecDeque::new();
@@ -212,8 +204,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
                     let (master, rest) = all[..3 * n].split_at_mut(n);
                     let (m, v) = rest.split_at_mut(n);
-                    let staging = (&mut *grads, &mut *params);
-                    self.step_group(g, scale, [master, m, v], staging, host)?;
+                    self.step_group(&mut pass, g, [master, m, v])?;
                 }
                 writes.push_back(file.write(buf, g.offset, g.block).map_err(io)?);
             }
@@ -244,17 +235,17 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// buffered: chunk k+1's are fetched before chunk k's parameters are queued back, so
     /// on a GPU (where the upload returns before its DMA runs) the upload of chunk k
     /// overlaps Adam on chunk k+1.
-    /// `state`: the sub-group's master weights and moments; `staging`: the gradient
-    /// chunks (two) and the parameter chunk; `host`: the reduced gradient partitions when
-    /// they live in host memory (stages 2–3), else they are read from the device.
+    /// `pass`: the staging, the host gradient partitions (stages 2–3 with them in host
+    /// memory; else the gradients are read from the device) and the scale, shared by the
+    /// pass's sub-groups; the last argument: the sub-group's master weights and moments.
     fn step_group(
         &mut self,
+        pass: &mut Pass<'_>,
         g: &SubGroup,
-        scale: f32,
         [master, m, v]: [&mut [f32]; 3],
-        (grads, params): (&mut [HostBuffer; 2], &mut HostBuffer),
-        host: Option<&HostGrads>,
     ) -> Result<(), EngineError> {
+        let (host, scale) = (pass.host, pass.scale);
+        let (grads, params) = (&mut *pass.staging.0, &mut *pass.staging.1);
         let b = g.bucket;
         let runs = self.adam_runs(b);
         // Where the sub-group starts in what the step reads: a host partition holds only

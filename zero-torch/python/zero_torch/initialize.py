@@ -114,13 +114,14 @@ def initialize(
         raise UnsupportedError("mesh_param= (tensor/sequence parallel meshes) is not supported")
     cfg = _sanitize(_load_config(args, config, config_params))
     _check_local_rank(args)
-    device = choose_device(model, _native.launch_info().local_rank)
+    launch = _native.launch_info()
+    device = choose_device(model, launch.local_rank)
     _dist.init_distributed(
         dist_backend=_dist.backend_for(device),
         distributed_port=distributed_port if distributed_port is not None else _dist.DEFAULT_PORT,
         dist_init_required=dist_init_required,
     )
-    world = _native.launch_info().world_size
+    world = launch.world_size
     if _dist.world_size() != world:
         raise ConfigError(
             f"torch's process group has {_dist.world_size()} ranks and the launcher's job {world}: "

@@ -72,6 +72,19 @@ pub trait Communicator: Send {
     /// Completes once every rank has issued it.
     fn barrier(&self) -> Result<Self::Pending<()>, CommError>;
 
+    /// Splits this group: the ranks that pass the same `color` form one new group, ranked
+    /// by `key` (ties broken by rank in this group). A collective of this group: every
+    /// rank calls it, in the same order relative to its other collectives. The new group
+    /// has its own sequence numbers, counters and timeout (this group's), and lives
+    /// independently of this one (either may be dropped first).
+    ///
+    /// A split is matched like any collective (a rank that issues something else at its
+    /// position fails every rank with [`CommError::Mismatch`]); it is not counted in
+    /// [`stats`](Self::stats).
+    fn split(&self, color: usize, key: usize) -> Result<Self, CommError>
+    where
+        Self: Sized;
+
     /// What this rank has issued so far, per operation.
     fn stats(&self) -> CommStats;
     /// Host memory the group keeps mapped in this process for its collectives (the

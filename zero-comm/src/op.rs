@@ -71,6 +71,9 @@ pub(crate) struct OpDesc {
     pub count: usize,
     pub reduce: Option<ReduceOp>,
     pub root: Option<usize>,
+    /// A [`Communicator::split`](crate::Communicator::split) (kind `Barrier`, no data):
+    /// its own collective for matching, counted nowhere.
+    pub split: bool,
 }
 
 /// A collective's description and the checks one rank can make alone (an error there is
@@ -85,6 +88,7 @@ impl OpDesc {
             count,
             reduce: None,
             root: None,
+            split: false,
         }
     }
 
@@ -135,6 +139,14 @@ impl OpDesc {
     pub(crate) fn barrier() -> Issued {
         (Self::new(OpKind::Barrier, None, 0), Ok(()))
     }
+
+    /// A split: matched like a collective (every rank must issue it at the same position),
+    /// moves no buffer.
+    pub(crate) fn split() -> OpDesc {
+        let mut d = Self::new(OpKind::Barrier, None, 0);
+        d.split = true;
+        d
+    }
 }
 
 fn same_dtype<B: CommBuffer>(a: &B, b: &B) -> Result<(), String> {
@@ -159,6 +171,9 @@ fn expect_len(what: &str, expected: usize, actual: usize) -> Result<(), String> 
 
 impl fmt::Display for OpDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.split {
+            return f.write_str("split");
+        }
         f.write_str(self.kind.name())?;
         if let Some(op) = self.reduce {
             write!(f, "({op:?})")?;

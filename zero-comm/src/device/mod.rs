@@ -125,4 +125,11 @@ impl Executor<GpuBuffer> for DeviceExec {
         };
         run().map_err(|e| e.to_string())
     }
+
+    fn fork(&self) -> Result<Self, String> {
+        let stream = Gpu::get()
+            .and_then(|gpu| gpu.new_stream())
+            .map_err(|e| format!("a stream for the sub-group: {e}"))?;
+        Ok(DeviceExec { stream })
+    }
 }

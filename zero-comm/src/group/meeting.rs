@@ -56,8 +56,19 @@ impl<B> Slot<B> {
 /// What a rank needs of the group's shared state (object-safe, so the rank's type does not
 /// name the executor).
 pub(crate) trait Meeting<B>: Send + Sync {
-    /// Posts `rank`'s buffers for collective `seq`; runs it if this completes it.
-    fn post(&self, rank: usize, seq: u64, desc: OpDesc, buffers: Vec<B>) -> Arc<Slot<B>>;
+    /// Posts `rank`'s buffers for collective `seq`; runs it if this completes it. A split
+    /// (`desc.split`) posts no buffers and its `(color, key)` in `split`.
+    fn post(
+        &self,
+        rank: usize,
+        seq: u64,
+        desc: OpDesc,
+        buffers: Vec<B>,
+        split: Option<(usize, usize)>,
+    ) -> Arc<Slot<B>>;
+    /// `rank`'s new group from split `seq`, once its slot was filled with success: the
+    /// sub-group's meeting, `rank`'s rank in it and its size.
+    fn take_split(&self, seq: u64, rank: usize) -> Option<SubGroup<B>>;
     /// Waits for `slot` until `deadline`.
     fn wait(&self, slot: &Slot<B>, deadline: Instant) -> Option<Result<Vec<B>, CommError>>;
     /// Aborts the group because `waiter`'s wait on `seq` expired.
@@ -66,10 +77,15 @@ pub(crate) trait Meeting<B>: Send + Sync {
     fn fail(&self, err: CommError);
 }
 
+/// A rank's share of a split: the new group's meeting, the rank in it, its size.
+pub(crate) type SubGroup<B> = (Arc<dyn Meeting<B>>, usize, usize);
+
 struct Post<B> {
     desc: OpDesc,
     buffers: Vec<B>,
     slot: Arc<Slot<B>>,
+    /// A split's `(color, key)`.
+    split: Option<(usize, usize)>,
 }
 
 struct State<B> {
@@ -77,6 +93,8 @@ struct State<B> {
     pending: BTreeMap<u64, Vec<Option<Post<B>>>>,
     /// Set once the group has failed; every later collective gets this error.
     broken: Option<CommError>,
+    /// Completed splits' new groups, by (position, rank), until the rank takes its own.
+    splits: BTreeMap<(u64, usize), SubGroup<B>>,
 }
 
 /// The shared state of one group.
@@ -97,6 +115,7 @@ impl<B, E> Shared<B, E> {
             state: Mutex::new(State {
                 pending: BTreeMap::new(),
                 broken: None,
+                splits: BTreeMap::new(),
             }),
             exec: Mutex::new(exec),
             bell_word: AtomicU32::new(0),
@@ -112,7 +131,29 @@ impl<B, E> Shared<B, E> {
     }
 }
 
-impl<B: Send, E: Executor<B>> Shared<B, E> {
+impl<B: Send + 'static, E: Executor<B>> Shared<B, E> {
+    /// Makes the new groups of split `seq`: the ranks of each color, ordered by (key,
+    /// rank), meet in a fresh `Shared` with a fork of this group's executor.
+    fn split(&self, seq: u64, posts: &[Post<B>]) -> Result<(), String> {
+        let mut colors: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
+        for (rank, p) in posts.iter().enumerate() {
+            let (color, key) = p.split.unwrap_or((0, rank));
+            colors.entry(color).or_default().push((key, rank));
+        }
+        let mut made = Vec::with_capacity(posts.len());
+        for (_, mut members) in colors {
+            members.sort_unstable();
+            let exec = lock(&self.exec).fork()?;
+            let n = members.len();
+            let meeting: Arc<dyn Meeting<B>> = Arc::new(Shared::new(n, exec));
+            for (new_rank, (_, rank)) in members.into_iter().enumerate() {
+                made.push(((seq, rank), (meeting.clone(), new_rank, n)));
+            }
+        }
+        lock(&self.state).splits.extend(made);
+        Ok(())
+    }
+
     /// Runs collective `seq` now that every rank posted it.
     fn complete(&self, seq: u64, posts: Vec<Post<B>>) {
         if posts.iter().any(|p| p.desc != posts[0].desc) {
@@ -130,9 +171,20 @@ impl<B: Send, E: Executor<B>> Shared<B, E> {
             return;
         }
         let desc = posts[0].desc.clone();
+        let split = if desc.split {
+            self.split(seq, &posts)
+        } else {
+            Ok(())
+        };
         let (mut buffers, slots): (Vec<Vec<B>>, Vec<Arc<Slot<B>>>) =
             posts.into_iter().map(|p| (p.buffers, p.slot)).unzip();
-        let ran = lock(&self.exec).execute(&desc, &mut buffers);
+        let ran = split.and_then(|()| {
+            if desc.split {
+                Ok(())
+            } else {
+                lock(&self.exec).execute(&desc, &mut buffers)
+            }
+        });
         match ran {
             Ok(()) => {
                 for (b, slot) in buffers.into_iter().zip(&slots) {
@@ -155,8 +207,15 @@ impl<B: Send, E: Executor<B>> Shared<B, E> {
     }
 }
 
-impl<B: Send, E: Executor<B>> Meeting<B> for Shared<B, E> {
-    fn post(&self, rank: usize, seq: u64, desc: OpDesc, buffers: Vec<B>) -> Arc<Slot<B>> {
+impl<B: Send + 'static, E: Executor<B>> Meeting<B> for Shared<B, E> {
+    fn post(
+        &self,
+        rank: usize,
+        seq: u64,
+        desc: OpDesc,
+        buffers: Vec<B>,
+        split: Option<(usize, usize)>,
+    ) -> Arc<Slot<B>> {
         let slot = Arc::new(Slot::new());
         let complete = {
             let mut st = lock(&self.state);
@@ -173,6 +232,7 @@ impl<B: Send, E: Executor<B>> Meeting<B> for Shared<B, E> {
                 desc,
                 buffers,
                 slot: slot.clone(),
+                split,
             });
             if posts.iter().all(Option::is_some) {
                 st.pending.remove(&seq)
@@ -184,6 +244,10 @@ impl<B: Send, E: Executor<B>> Meeting<B> for Shared<B, E> {
             self.complete(seq, posts.into_iter().flatten().collect());
         }
         slot
+    }
+
+    fn take_split(&self, seq: u64, rank: usize) -> Option<SubGroup<B>> {
+        lock(&self.state).splits.remove(&(seq, rank))
     }
 
     fn wait(&self, slot: &Slot<B>, deadline: Instant) -> Option<Result<Vec<B>, CommError>> {

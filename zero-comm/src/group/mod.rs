@@ -33,6 +33,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) trait Executor<B>: Send + 'static {
     /// Runs `desc` over `buffers[rank]`; an error fails the collective on every rank.
     fn execute(&mut self, desc: &OpDesc, buffers: &mut [Vec<B>]) -> Result<(), String>;
+    /// A new executor for a sub-group made by a split (its own resources: a GPU executor
+    /// makes its own stream).
+    fn fork(&self) -> Result<Self, String>
+    where
+        Self: Sized;
 }
 
 /// Starts a group of `n` ranks whose collectives `exec` runs, with waits that give up after
@@ -160,7 +165,7 @@ impl<B: CommBuffer> GroupComm<B> {
         stats.count(&desc, self.rank, self.world);
         self.stats.set(stats);
         let text = desc.to_string();
-        let slot = self.meeting.post(self.rank, seq, desc, buffers);
+        let slot = self.meeting.post(self.rank, seq, desc, buffers, None);
         Ok(GroupWork {
             rank: self.rank,
             seq,
@@ -223,6 +228,41 @@ impl<B: CommBuffer> Communicator for GroupComm<B> {
     fn barrier(&self) -> Result<GroupWork<B, ()>, CommError> {
         let (desc, check) = OpDesc::barrier();
         self.issue(desc, Vec::new(), check, none)
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Self, CommError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let desc = OpDesc::split();
+        let text = desc.to_string();
+        let slot = self
+            .meeting
+            .post(self.rank, seq, desc, Vec::new(), Some((color, key)));
+        // Waits like any collective: a rank that never splits fails this one at the
+        // timeout, one that leaves or mismatches fails it at once.
+        GroupWork {
+            rank: self.rank,
+            seq,
+            desc: text,
+            timeout: self.timeout,
+            issued: Instant::now(),
+            slot,
+            meeting: self.meeting.clone(),
+            finish: none,
+        }
+        .wait()?;
+        let (meeting, rank, world) = self
+            .meeting
+            .take_split(seq, self.rank)
+            .ok_or(CommError::Disconnected)?;
+        Ok(GroupComm {
+            rank,
+            world,
+            timeout: self.timeout,
+            meeting,
+            seq: Cell::new(0),
+            stats: Cell::new(CommStats::default()),
+        })
     }
 
     fn stats(&self) -> CommStats {

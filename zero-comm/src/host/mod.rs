@@ -42,4 +42,8 @@ impl Executor<HostBuffer> for HostExec {
         reduce::execute(desc, buffers);
         Ok(())
     }
+
+    fn fork(&self) -> Result<Self, String> {
+        Ok(HostExec)
+    }
 }

@@ -472,6 +472,14 @@ impl Communicator for NcclComm {
         self.stats.get()
     }
 
+    fn split(&self, _color: usize, _key: usize) -> Result<Self, CommError> {
+        Err(CommError::InvalidArgument {
+            rank: self.shared.rank,
+            op: "split".into(),
+            reason: "the NCCL communicator cannot split yet".into(),
+        })
+    }
+
     fn reset_stats(&self) {
         self.stats.set(CommStats::default());
     }

@@ -317,6 +317,14 @@ impl Communicator for ShmComm {
         Ok(ShmWork(()))
     }
 
+    fn split(&self, _color: usize, _key: usize) -> Result<Self, CommError> {
+        Err(CommError::InvalidArgument {
+            rank: self.rank,
+            op: "split".into(),
+            reason: "the shared-memory group cannot split yet".into(),
+        })
+    }
+
     fn held_bytes(&self) -> usize {
         segment::segment_bytes(self.world, self.seg.window())
     }

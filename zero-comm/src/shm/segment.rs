@@ -248,9 +248,15 @@ impl Segment {
 }
 
 const NONE: u32 = u32::MAX;
+/// The kind word of a split (after the collectives of [`OpKind::ALL`]).
+const SPLIT_KIND: u32 = 100;
 
 fn encode(d: &OpDesc) -> [u32; 6] {
-    let kind = OpKind::ALL.iter().position(|k| *k == d.kind).unwrap_or(0) as u32;
+    let kind = if d.split {
+        SPLIT_KIND
+    } else {
+        OpKind::ALL.iter().position(|k| *k == d.kind).unwrap_or(0) as u32
+    };
     let dtype = match d.dtype {
         None => NONE,
         Some(DType::F32) => 0,
@@ -276,6 +282,9 @@ fn encode(d: &OpDesc) -> [u32; 6] {
 }
 
 fn decode(w: &[u32; 6]) -> Option<OpDesc> {
+    if w[0] == SPLIT_KIND {
+        return Some(OpDesc::split());
+    }
     let kind = *OpKind::ALL.get(w[0] as usize)?;
     let dtype = match w[1] {
         NONE => None,
@@ -297,6 +306,7 @@ fn decode(w: &[u32; 6]) -> Option<OpDesc> {
         count: (u64::from(w[2]) | (u64::from(w[3]) << 32)) as usize,
         reduce,
         root: (w[5] != NONE).then_some(w[5] as usize),
+        split: false,
     })
 }
 
@@ -313,6 +323,7 @@ mod tests {
                 count: (5u64 << 32) as usize + 7,
                 reduce: Some(ReduceOp::Avg),
                 root: None,
+                split: false,
             },
             OpDesc {
                 kind: OpKind::Broadcast,
@@ -320,6 +331,7 @@ mod tests {
                 count: 0,
                 reduce: None,
                 root: Some(3),
+                split: false,
             },
             OpDesc {
                 kind: OpKind::Barrier,
@@ -327,7 +339,9 @@ mod tests {
                 count: 0,
                 reduce: None,
                 root: None,
+                split: false,
             },
+            OpDesc::split(),
         ];
         for d in descs {
             assert_eq!(decode(&encode(&d)), Some(d));

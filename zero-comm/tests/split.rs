@@ -1,0 +1,245 @@
+//! `Communicator::split` on the in-process host group: sub-groups by color, ranked by key
+//! (ties by parent rank), whose collectives equal a plain reference over their members;
+//! nested splits, parents and children outliving each other; and mismatched splits — a
+//! rank that splits once more than the others, a rank that leaves, a rank that never
+//! splits — failing every other rank within the timeout.
+
+mod common;
+
+use common::run_ranks;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::{Duration, Instant};
+use zero_comm::{
+    even_split, CommError, Communicator, Completion, HostBuffer, HostComm, HostGroup, ReduceOp,
+};
+
+fn input(seed: u64, parent_rank: usize, n: usize) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (parent_rank as u64) << 8);
+    (0..n).map(|_| rng.gen_range(-8.0f32..8.0)).collect()
+}
+
+fn f32s(b: &HostBuffer) -> Vec<f32> {
+    b.as_slice::<f32>().expect("f32").to_vec()
+}
+
+/// Sum in member order, f32 accumulation (what every backend computes).
+fn reference_sum(members: &[usize], seed: u64, n: usize) -> Vec<f32> {
+    let inputs: Vec<Vec<f32>> = members.iter().map(|&r| input(seed, r, n)).collect();
+    (0..n)
+        .map(|i| {
+            let mut a = inputs[0][i];
+            for v in &inputs[1..] {
+                a += v[i];
+            }
+            a
+        })
+        .collect()
+}
+
+/// The members of `rank`'s color in new-rank order: by (key, parent rank).
+fn members(
+    world: usize,
+    color: impl Fn(usize) -> usize,
+    key: impl Fn(usize) -> usize,
+    rank: usize,
+) -> Vec<usize> {
+    let mut m: Vec<usize> = (0..world).filter(|&r| color(r) == color(rank)).collect();
+    m.sort_by_key(|&r| (key(r), r));
+    m
+}
+
+/// Runs all-reduce, reduce-scatter and all-gather on `sub` (this is parent rank `rank`)
+/// and checks them against the reference over `members`.
+fn check_collectives<C: Communicator<Buffer = HostBuffer>>(
+    sub: &C,
+    members: &[usize],
+    rank: usize,
+    seed: u64,
+) {
+    let n = 37;
+    let world = members.len();
+    let me = sub.rank();
+    assert_eq!(sub.world_size(), world);
+    assert_eq!(members[me], rank, "new rank follows (key, rank)");
+    let want = reference_sum(members, seed, n);
+
+    let got = sub
+        .all_reduce(HostBuffer::from(input(seed, rank, n)), ReduceOp::Sum)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(f32s(&got), want, "all_reduce on parent rank {rank}");
+
+    let piece = even_split(n, world, me);
+    let (_, out) = sub
+        .reduce_scatter(
+            HostBuffer::from(input(seed, rank, n)),
+            HostBuffer::from(vec![0f32; piece.len()]),
+            ReduceOp::Sum,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(
+        f32s(&out),
+        want[piece.clone()],
+        "reduce_scatter on parent rank {rank}"
+    );
+
+    // Every member gives its piece of its own input; the gather is those pieces in order.
+    let mine = input(seed, rank, n)[piece].to_vec();
+    let (_, all) = sub
+        .all_gather(HostBuffer::from(mine), HostBuffer::from(vec![0f32; n]))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let gathered: Vec<f32> = members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &r)| input(seed, r, n)[even_split(n, world, i)].to_vec())
+        .collect();
+    assert_eq!(f32s(&all), gathered, "all_gather on parent rank {rank}");
+}
+
+fn seed(test: &str) -> u64 {
+    zero_kernels::testing::fresh_seed(test)
+}
+
+#[test]
+fn sub_groups_by_color_ranked_by_key_match_the_reference() {
+    let seed = seed("split_host_reference");
+    for world in [1, 2, 4, 6] {
+        run_ranks(HostGroup::new(world).unwrap(), |comm: HostComm| {
+            let rank = comm.rank();
+            // Shard groups (rank / 2), keys reversed; replica groups (rank % 2), all keys
+            // equal so ties go by parent rank.
+            let shard = comm.split(rank / 2, world - rank).unwrap();
+            let replica = comm.split(rank % 2, 0).unwrap();
+            check_collectives(
+                &shard,
+                &members(world, |r| r / 2, |r| world - r, rank),
+                rank,
+                seed,
+            );
+            check_collectives(
+                &replica,
+                &members(world, |r| r % 2, |_| 0, rank),
+                rank,
+                seed ^ 1,
+            );
+            // The parent still works, and counts no split.
+            check_collectives(&comm, &(0..world).collect::<Vec<_>>(), rank, seed ^ 2);
+            assert_eq!(comm.stats().per_op.iter().map(|s| s.calls).sum::<u64>(), 3);
+            assert_eq!(shard.stats().per_op.iter().map(|s| s.calls).sum::<u64>(), 3);
+        });
+    }
+}
+
+#[test]
+fn nested_splits_and_either_side_may_be_dropped_first() {
+    let seed = seed("split_host_nested");
+    run_ranks(HostGroup::new(8).unwrap(), |comm: HostComm| {
+        let rank = comm.rank();
+        let half = comm.split(rank / 4, rank).unwrap();
+        // The parent leaves first: the halves keep working.
+        drop(comm);
+        let quarter = half.split(half.rank() / 2, half.rank()).unwrap();
+        check_collectives(&half, &members(8, |r| r / 4, |r| r, rank), rank, seed);
+        // A child leaves first: its parent keeps working.
+        let members_q = members(8, |r| r / 2, |r| r, rank);
+        check_collectives(&quarter, &members_q, rank, seed ^ 3);
+        drop(quarter);
+        check_collectives(&half, &members(8, |r| r / 4, |r| r, rank), rank, seed ^ 4);
+    });
+}
+
+const SHORT: Duration = Duration::from_millis(800);
+
+#[test]
+fn a_rank_that_splits_once_more_fails_every_rank_with_a_mismatch() {
+    let results = run_ranks(
+        HostGroup::with_timeout(4, SHORT).unwrap(),
+        |comm: HostComm| {
+            let start = Instant::now();
+            let rank = comm.rank();
+            let _sub = comm.split(rank % 2, rank).unwrap();
+            let second = if rank == 0 {
+                comm.split(0, rank).map(|_| ())
+            } else {
+                comm.all_reduce(HostBuffer::from(vec![1f32; 4]), ReduceOp::Sum)
+                    .and_then(|w| w.wait())
+                    .map(|_| ())
+            };
+            (second, start.elapsed())
+        },
+    );
+    for (rank, (r, took)) in results.into_iter().enumerate() {
+        match r {
+            Err(CommError::Mismatch { seq: 1, detail }) => {
+                assert!(detail.contains("rank 0 issued split"), "{detail}");
+                assert!(detail.contains("rank 1 issued all_reduce"), "{detail}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        assert!(took < SHORT, "rank {rank} took {took:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_instead_of_splitting_fails_the_others_at_once() {
+    let results = run_ranks(
+        HostGroup::with_timeout(4, Duration::from_secs(30)).unwrap(),
+        |comm| {
+            let start = Instant::now();
+            if comm.rank() == 3 {
+                drop(comm);
+                return None;
+            }
+            let r = comm.split(0, 0).map(|_| ());
+            Some((r, start.elapsed()))
+        },
+    );
+    for (rank, r) in results.into_iter().enumerate().take(3) {
+        let (r, took) = r.unwrap();
+        assert_eq!(
+            r,
+            Err(CommError::RankLeft {
+                rank: 3,
+                panicked: false
+            }),
+            "rank {rank}"
+        );
+        assert!(took < Duration::from_secs(5), "rank {rank} took {took:?}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_splits_fails_the_others_at_the_timeout_naming_it() {
+    let results = run_ranks(HostGroup::with_timeout(3, SHORT).unwrap(), |comm| {
+        let start = Instant::now();
+        if comm.rank() == 1 {
+            // Alive, holding the communicator, but never splitting.
+            std::thread::sleep(SHORT * 3);
+            return None;
+        }
+        let r = comm.split(comm.rank(), 0).map(|_| ());
+        Some((r, start.elapsed()))
+    });
+    for rank in [0, 2] {
+        let (r, took) = results[rank].clone().unwrap();
+        match r {
+            Err(CommError::Timeout {
+                seq: 0,
+                op,
+                missing,
+                ..
+            }) => {
+                assert_eq!(op, "split");
+                assert_eq!(missing, vec![1], "rank {rank}");
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        assert!(took < SHORT * 3, "rank {rank} took {took:?}");
+    }
+}

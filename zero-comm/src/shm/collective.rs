@@ -382,4 +382,20 @@ impl Run<'_> {
     pub fn barrier_op(&self) -> Result<(), CommError> {
         self.first_barrier().map(|_| ())
     }
+
+    /// Every rank's `mine` (at most a window's bytes; the same length on every rank), in
+    /// rank order, through one first barrier (so the collective is matched as usual).
+    pub fn exchange(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        let next = self.steps.get() + 1;
+        let at = |r: usize, b: u64| self.seg.window_at(r, (b % 2) as usize);
+        self.seg.map().write(at(self.me, next), mine);
+        let b = self.first_barrier()?;
+        Ok((0..self.world)
+            .map(|r| {
+                let mut theirs = vec![0u8; mine.len()];
+                self.seg.map().read(at(r, b), &mut theirs);
+                theirs
+            })
+            .collect())
+    }
 }

@@ -51,7 +51,19 @@ impl ShmGroup {
     /// every rank maps it and passes a first barrier in it, all within `timeout`.
     pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<ShmComm, CommError> {
         let seg = Arc::new(setup::connect(env, timeout)?);
-        let (me, world) = (env.rank, env.world_size);
+        ShmComm::start(seg, env.rank, env.world_size, timeout)
+    }
+}
+
+impl ShmComm {
+    /// Joins the mapped segment `seg` as rank `me` of `world`: writes this process's pid,
+    /// passes the first barrier and starts the watcher.
+    fn start(
+        seg: Arc<Segment>,
+        me: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<ShmComm, CommError> {
         seg.pid(me).store(std::process::id(), Ordering::Relaxed);
         seg.pid_namespace(me)
             .store(watch::pid_namespace(), Ordering::Relaxed);
@@ -148,6 +160,31 @@ fn abort_error(seg: &Segment, timeout: Duration) -> Option<CommError> {
 }
 
 impl ShmComm {
+    /// The segment of this rank's new group of a split: its rank 0 creates it and hands
+    /// the descriptor to the others over a socket named after its nonce (as at start-up);
+    /// a failure on rank 0's side is recorded in the new segment, failing those that got it.
+    fn split_segment(
+        &self,
+        rank: usize,
+        world: usize,
+        nonce: &[u8],
+        deadline: std::time::Instant,
+    ) -> Result<Arc<Segment>, CommError> {
+        if rank > 0 {
+            let seg = setup::receive(rank, world, "this machine", nonce, deadline)?;
+            return Ok(Arc::new(seg));
+        }
+        let (seg, fd, listener) = setup::create(world, self.seg.window(), nonce)?;
+        if let Some(l) = listener {
+            if let Err(e) = setup::hand_out(&l, std::os::fd::AsFd::as_fd(&fd), world, deadline) {
+                let reason = e.to_string();
+                seg.abort(Cause::Invalid, 0, 0, &format!("split\0{reason}"));
+                return Err(e);
+            }
+        }
+        Ok(Arc::new(seg))
+    }
+
     /// Bytes of each window (the chunk a collective moves per barrier).
     pub fn window_bytes(&self) -> usize {
         self.seg.window()
@@ -317,12 +354,40 @@ impl Communicator for ShmComm {
         Ok(ShmWork(()))
     }
 
-    fn split(&self, _color: usize, _key: usize) -> Result<Self, CommError> {
-        Err(CommError::InvalidArgument {
-            rank: self.rank,
-            op: "split".into(),
-            reason: "the shared-memory group cannot split yet".into(),
-        })
+    fn split(&self, color: usize, key: usize) -> Result<Self, CommError> {
+        // Every rank publishes (color, key, a fresh nonce) through this group; the new
+        // group's rank 0 (lowest key, then parent rank) names its socket after its own.
+        let nonce = setup::nonce()?;
+        let mut mine = Vec::with_capacity(32);
+        mine.extend_from_slice(&(color as u64).to_le_bytes());
+        mine.extend_from_slice(&(key as u64).to_le_bytes());
+        mine.extend_from_slice(&nonce);
+        let mut all = Vec::new();
+        self.run(&OpDesc::split(), |run| {
+            all = run.exchange(&mine)?;
+            Ok(())
+        })?;
+        let word = |b: &[u8], i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[8 * i..8 * i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let mut members: Vec<(u64, usize)> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| word(b, 0) == color as u64)
+            .map(|(r, b)| (word(b, 1), r))
+            .collect();
+        members.sort_unstable();
+        let world = members.len();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .ok_or(CommError::Disconnected)?;
+        let leader_nonce = &all[members[0].1][16..32];
+        let deadline = std::time::Instant::now() + self.timeout;
+        let seg = self.split_segment(rank, world, leader_nonce, deadline)?;
+        ShmComm::start(seg, rank, world, self.timeout)
     }
 
     fn held_bytes(&self) -> usize {

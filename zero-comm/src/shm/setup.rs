@@ -18,7 +18,7 @@ use super::segment::{segment_bytes, Segment};
 use crate::launch::{rendezvous, LaunchEnv};
 use crate::CommError;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ fn window_bytes(world: usize) -> Result<usize, CommError> {
     Ok(w)
 }
 
-fn nonce() -> Result<[u8; 16], CommError> {
+pub(crate) fn nonce() -> Result<[u8; 16], CommError> {
     let mut n = [0u8; 16];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut n))
@@ -92,21 +92,8 @@ pub(crate) fn connect(env: &LaunchEnv, timeout: Duration) -> Result<Segment, Com
     let deadline = Instant::now() + timeout;
     if env.rank == 0 {
         let window = window_bytes(world)?;
-        let (map, fd) = SharedMapping::create("zero-shm", segment_bytes(world, window))
-            .map_err(|e| startup_error(format!("creating the shared memory: {e}")))?;
-        let seg = Segment::format(map, world, window);
         let nonce = nonce()?;
-        let listener = if world > 1 {
-            let addr = SocketAddr::from_abstract_name(socket_name(&nonce).as_bytes())
-                .map_err(|e| startup_error(e.to_string()))?;
-            let l = UnixListener::bind_addr(&addr)
-                .map_err(|e| startup_error(format!("binding rank 0's socket: {e}")))?;
-            l.set_nonblocking(true)
-                .map_err(|e| startup_error(e.to_string()))?;
-            Some(l)
-        } else {
-            None
-        };
+        let (seg, fd, listener) = create(world, window, &nonce)?;
         let mut id = [0u8; crate::launch::rendezvous::ID_BYTES];
         id[..16].copy_from_slice(&nonce);
         rendezvous(env, Some(id), timeout).map_err(|e| startup_error(e.to_string()))?;
@@ -116,13 +103,38 @@ pub(crate) fn connect(env: &LaunchEnv, timeout: Duration) -> Result<Segment, Com
         Ok(seg)
     } else {
         let id = rendezvous(env, None, timeout).map_err(|e| startup_error(e.to_string()))?;
-        let seg = receive(env, &id[..16], deadline)?;
+        let seg = receive(env.rank, world, &env.master_addr, &id[..16], deadline)?;
         Ok(seg)
     }
 }
 
+/// Rank 0's side: a new segment for `world` ranks and, if there are others, the
+/// listening socket named after `nonce` that hands them its descriptor.
+#[allow(clippy::type_complexity)]
+pub(crate) fn create(
+    world: usize,
+    window: usize,
+    nonce: &[u8],
+) -> Result<(Segment, OwnedFd, Option<UnixListener>), CommError> {
+    let (map, fd) = SharedMapping::create("zero-shm", segment_bytes(world, window))
+        .map_err(|e| startup_error(format!("creating the shared memory: {e}")))?;
+    let seg = Segment::format(map, world, window);
+    let listener = if world > 1 {
+        let addr = SocketAddr::from_abstract_name(socket_name(nonce).as_bytes())
+            .map_err(|e| startup_error(e.to_string()))?;
+        let l = UnixListener::bind_addr(&addr)
+            .map_err(|e| startup_error(format!("binding rank 0's socket: {e}")))?;
+        l.set_nonblocking(true)
+            .map_err(|e| startup_error(e.to_string()))?;
+        Some(l)
+    } else {
+        None
+    };
+    Ok((seg, fd, listener))
+}
+
 /// Rank 0: accepts every other rank and sends it the descriptor, or why not.
-fn hand_out(
+pub(crate) fn hand_out(
     listener: &UnixListener,
     fd: std::os::fd::BorrowedFd<'_>,
     world: usize,
@@ -202,8 +214,15 @@ fn peer_uid_of_self() -> Option<u32> {
     peer_credentials(&a).ok().map(|c| c.uid)
 }
 
-/// Ranks 1..: connects to rank 0's socket and maps the segment it sends.
-fn receive(env: &LaunchEnv, nonce: &[u8], deadline: Instant) -> Result<Segment, CommError> {
+/// Ranks 1..: connects to rank 0's socket and maps the segment it sends (`master_addr` is
+/// rank 0's address, for the error where the socket cannot be reached).
+pub(crate) fn receive(
+    rank: usize,
+    world: usize,
+    master_addr: &str,
+    nonce: &[u8],
+    deadline: Instant,
+) -> Result<Segment, CommError> {
     let addr = SocketAddr::from_abstract_name(socket_name(nonce).as_bytes())
         .map_err(|e| startup_error(e.to_string()))?;
     let mut last = String::new();
@@ -214,7 +233,7 @@ fn receive(env: &LaunchEnv, nonce: &[u8], deadline: Instant) -> Result<Segment, 
                 "rank {} cannot reach rank 0's shared memory ({last}): every rank of the \
                  shared-memory group must run on rank 0's machine ({}); across machines use \
                  --device cuda (NCCL)",
-                env.rank, env.master_addr
+                rank, master_addr
             )));
         }
         match UnixStream::connect_addr(&addr) {
@@ -228,8 +247,8 @@ fn receive(env: &LaunchEnv, nonce: &[u8], deadline: Instant) -> Result<Segment, 
     let mut s = stream.ok_or_else(|| startup_error("no connection"))?;
     let mut hello = Vec::with_capacity(12);
     hello.extend_from_slice(HELLO_MAGIC);
-    hello.extend_from_slice(&(env.rank as u32).to_le_bytes());
-    hello.extend_from_slice(&(env.world_size as u32).to_le_bytes());
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    hello.extend_from_slice(&(world as u32).to_le_bytes());
     let io = |e: std::io::Error| startup_error(format!("talking to rank 0's socket: {e}"));
     s.write_all(&hello).map_err(io)?;
     s.set_read_timeout(remaining(deadline).or(Some(Duration::from_millis(1))))
@@ -244,7 +263,7 @@ fn receive(env: &LaunchEnv, nonce: &[u8], deadline: Instant) -> Result<Segment, 
                 .len() as usize;
             let map = SharedMapping::map(fd.as_fd(), len)
                 .map_err(|e| startup_error(format!("mapping rank 0's segment: {e}")))?;
-            Segment::open(map, env.world_size).map_err(|e| startup_error(e.0))
+            Segment::open(map, world).map_err(|e| startup_error(e.0))
         }
         _ => {
             let mut text = String::from_utf8_lossy(&buf[1.min(n)..n]).into_owned();

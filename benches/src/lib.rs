@@ -4,6 +4,7 @@
 pub mod disk;
 pub mod offload;
 pub mod ranks;
+pub mod scaling;
 
 use criterion::Criterion;
 use std::time::Duration;

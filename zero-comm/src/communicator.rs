@@ -1,6 +1,6 @@
 //! The one trait every backend implements.
 
-use crate::{CommError, CommStats, ReduceOp};
+use crate::{CommBuffer, CommError, CommStats, ReduceOp};
 
 /// A collective that was issued and may still be running.
 pub trait Completion {
@@ -25,9 +25,9 @@ pub trait Completion {
 // The `(input, output)` pair returned through a backend's own handle type reads plainest
 // spelled out.
 #[allow(clippy::type_complexity)]
-pub trait Communicator: Send {
+pub trait Communicator: Send + 'static {
     /// The buffer type this backend moves.
-    type Buffer: Send + 'static;
+    type Buffer: CommBuffer;
     /// The handle of an issued collective (it may move to another thread, with the engine
     /// that holds it).
     type Pending<T: Send + 'static>: Completion<Output = T> + Send;

@@ -13,6 +13,7 @@ mod op;
 mod reduce;
 mod shm;
 mod stats;
+mod tiered;
 mod wait;
 
 pub use buffer::{CommBuffer, HostBuffer, HostElement, HostVec, Lease, Leased};
@@ -24,3 +25,4 @@ pub use host::{HostComm, HostGroup, HostWork};
 pub use op::{even_split, OpKind, ReduceOp};
 pub use shm::{ShmComm, ShmGroup, ShmWork, DEFAULT_WINDOW};
 pub use stats::{CommStats, OpStats};
+pub use tiered::{Layout, Tier, TierStats, Tiered, TieredWork};

@@ -243,6 +243,23 @@ where
     R: Send,
 {
     let cfg = ZeroConfig::from_json_str(config, comms.len()).expect("valid config");
+    run_ranks_config(comms, device, cfg, seed, modules, f)
+}
+
+/// [`run_ranks_model`] with a config already parsed (and adjusted: `ranks_per_node`, say).
+pub fn run_ranks_config<C, D, R>(
+    comms: Vec<C>,
+    device: impl Fn() -> D + Sync,
+    cfg: ZeroConfig,
+    seed: u64,
+    modules: fn() -> Vec<ModuleSpec>,
+    f: impl Fn(&mut Engine<C, D>) -> R + Sync,
+) -> Vec<R>
+where
+    C: Communicator,
+    D: Device<Buffer = C::Buffer>,
+    R: Send,
+{
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()

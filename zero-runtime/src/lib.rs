@@ -17,7 +17,7 @@ pub use device::{AdamRun, Device, HostDevice};
 pub use engine::{
     BackwardEnd, CommCounters, CommReport, Engine, Expectation, ExternalArray, ExternalPiece,
     HeldParam, HfLoadOptions, ImportedParam, ImportedState, MemoryReport, SaveOptions, StagePolicy,
-    StatePiece, StepOutcome, TierBytes, Timings,
+    StatePiece, StepOutcome, TierBytes, TierCounters, Timings,
 };
 pub use error::EngineError;
 pub use model::{ModuleSpec, ParamSpec};

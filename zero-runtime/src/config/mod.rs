@@ -75,6 +75,11 @@ pub struct ZeroConfig {
     pub checkpoint: CheckpointConfig,
     /// `aio`: NVMe file I/O.
     pub aio: AioConfig,
+    /// Consecutive ranks per node, as the launcher says (`LOCAL_WORLD_SIZE`; not a
+    /// DeepSpeed key): decides which groups' collectives the comm report books as
+    /// inter-node, and bounds hpZ's groups. `None`: every rank on one node. The front-end
+    /// sets it (zero_torch does, from the launcher).
+    pub ranks_per_node: Option<usize>,
     /// Keys accepted that have no effect in zero, each with why (print them).
     pub notes: Vec<String>,
     /// The JSON this was parsed from (recorded in checkpoints).
@@ -123,6 +128,19 @@ impl ZeroConfig {
         }
         let grad_accum_dtype = precision::grad_accum_dtype(&top, precision)?;
         let zero = zero_optimization::zero(&top, &mut notes)?;
+        if let Some(s) = zero.shard_size {
+            if world % s as u64 != 0 {
+                return Err(ConfigError::Inconsistent(format!(
+                    "zero_optimization.mics_shard_size is {s}, which does not divide the world size {world}: shard groups are {s} consecutive ranks, each holding the whole model"
+                )));
+            }
+        }
+        if zero.hpz_partition_size > 1 && world % zero.hpz_partition_size as u64 != 0 {
+            return Err(ConfigError::Inconsistent(format!(
+                "zero_optimization.zero_hpz_partition_size is {}, which does not divide the world size {world}",
+                zero.hpz_partition_size
+            )));
+        }
         let checkpoint = checkpoint::checkpoint(&top)?;
         let aio = offload::aio(&top, &mut notes)?;
         Ok(Self {
@@ -144,6 +162,7 @@ impl ZeroConfig {
             checkpoint,
             aio,
             notes,
+            ranks_per_node: None,
             source: v.clone(),
         })
     }

@@ -40,11 +40,11 @@ pub(super) const ZERO: Section = Section {
         CPU_OFFLOAD_PARAM,
         CPU_OFFLOAD_USE_PIN_MEMORY,
         MEMORY_EFFICIENT_LINEAR,
-        Key::only("zero_hpz_partition_size", Fixed::Int(1)),
+        ZERO_HPZ_PARTITION_SIZE,
         Key::only("zero_quantized_weights", Fixed::Bool(false)),
         Key::only("zero_quantized_nontrainable_weights", Fixed::Bool(false)),
         Key::only("zero_quantized_gradients", Fixed::Bool(false)),
-        Key::only("mics_shard_size", Fixed::Int(-1)),
+        MICS_SHARD_SIZE,
         Key::only("mics_hierarchical_params_gather", Fixed::Bool(false)),
         Key::only(
             "stage3_gather_fp16_weights_on_model_save",
@@ -226,3 +226,29 @@ pub(super) const MEMORY_EFFICIENT_LINEAR: Key =
 const LEGACY_OFFLOAD: &str = "DeepSpeed's legacy names, mapped as DeepSpeed maps them (to \
     `offload_optimizer.device: cpu`, `offload_param.device: cpu`, `pin_memory`); \
     noted";
+
+/// Ranks per shard group (DeepSpeed's MiCS; -1: the whole world).
+pub(super) const MICS_SHARD_SIZE: Key = Key::new(
+    "mics_shard_size",
+    KeyDefault::Text("-1 (the whole world: flat ZeRO)"),
+)
+.doc(
+    "S consecutive ranks form a shard group: parameters (stage 3), gradients (stage ≥ 2) \
+    and optimizer state are partitioned over its S ranks and replicated across the N/S \
+    groups; gradients are reduce-scattered inside the shard group, then the shard is \
+    all-reduced across the replicas. S must divide the world size. **Stages 1–3** \
+    (DeepSpeed offered MiCS at stage 3 only, and 0.19.8 refuses the key); stage 0 shards \
+    nothing and ignores it, noted. See docs/SCALING.md",
+);
+
+/// Ranks per hpZ secondary group (ZeRO++).
+pub(super) const ZERO_HPZ_PARTITION_SIZE: Key =
+    Key::new("zero_hpz_partition_size", KeyDefault::Count(1))
+        .stage3(true)
+        .doc(
+            "ZeRO++'s hpZ: after each micro-step's first all-gather of a bucket every rank \
+            keeps a 1/H piece of the 16-bit parameters, and the micro-step's later gathers \
+            (backward) read only the H consecutive ranks of its node. H must divide the \
+            ranks per node and the world size. Gathers copy bits: the same numbers as \
+            without it. See docs/SCALING.md",
+        );

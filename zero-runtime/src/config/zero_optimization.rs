@@ -9,6 +9,7 @@ use super::zero_keys::{
     STAGE3_MAX_REUSE_DISTANCE, STAGE3_PARAM_PERSISTENCE_THRESHOLD, STAGE3_PREFETCH_BUCKET_SIZE,
     SUB_GROUP_SIZE, ZERO,
 };
+use super::zero_keys::{MICS_SHARD_SIZE, ZERO_HPZ_PARTITION_SIZE};
 use super::ConfigError;
 use serde_json::{json, Value};
 
@@ -42,6 +43,12 @@ pub struct ZeroOptimization {
     pub offload_optimizer: OffloadOptimizerConfig,
     /// `offload_param` (stage 3).
     pub offload_param: OffloadParamConfig,
+    /// `mics_shard_size`: ranks per shard group (`None`: the whole world; stage 0: always
+    /// `None`).
+    pub shard_size: Option<usize>,
+    /// `zero_hpz_partition_size`: ranks per hpZ secondary group (1: no hpZ; below stage 3:
+    /// always 1).
+    pub hpz_partition_size: usize,
 }
 
 /// DeepSpeed's `zero_optimization` takes its stage-3 keys by their field names too
@@ -144,6 +151,42 @@ pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimizatio
             }
         }
     }
+    let shard_size = match o.get(MICS_SHARD_SIZE.name) {
+        None | Some(Value::Null) => None,
+        Some(v) if v.as_i64() == Some(-1) => None,
+        Some(_) => match o.count(MICS_SHARD_SIZE.name)? {
+            Some(super::json::Auto::Value(s)) if s >= 1 => Some(s as usize),
+            Some(super::json::Auto::Auto) => None,
+            _ => {
+                return Err(o.invalid(
+                    MICS_SHARD_SIZE.name,
+                    "expected a number of ranks >= 1, or -1 for the whole world",
+                ))
+            }
+        },
+    };
+    let shard_size = if stage == 0 && shard_size.is_some() {
+        notes.push("zero_optimization.mics_shard_size: stage 0 shards nothing (every rank holds the whole model), so shard groups change nothing; its gradients are all-reduced over the world".into());
+        None
+    } else {
+        shard_size
+    };
+    let hpz_partition_size = match o.count_or(
+        ZERO_HPZ_PARTITION_SIZE.name,
+        const { ZERO_HPZ_PARTITION_SIZE.count() },
+    )? {
+        0 => {
+            return Err(o.invalid(
+                ZERO_HPZ_PARTITION_SIZE.name,
+                "expected a number of ranks >= 1 (1: no hpZ)",
+            ))
+        }
+        h if stage < 3 => {
+            let _ = h; // (noted below with the other stage-3 keys)
+            1
+        }
+        h => h as usize,
+    };
     Ok(ZeroOptimization {
         stage,
         overlap_comm: o.bool_or(OVERLAP_COMM.name, stage == 3)?,
@@ -183,5 +226,7 @@ pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimizatio
             .max(1),
         offload_optimizer,
         offload_param,
+        shard_size,
+        hpz_partition_size,
     })
 }

@@ -13,6 +13,7 @@
 //! or freed. A module with frozen parameters over the threshold has a frozen bucket too
 //! (see [`crate::plan`]): it is fetched, prefetched and released with the trainable one.
 
+use super::gather_state::{Source, Waited};
 use super::Engine;
 use crate::device::Device;
 use crate::EngineError;
@@ -170,21 +171,59 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             self.plan.buckets[b].layout.partition_len(),
             self.plan.buckets[b].layout.total_len(),
         );
-        let input = self.shard_input(b)?;
-        debug_assert_eq!(self.dev.len(&input), part);
         let output = self.dev.zeros(self.dtype, total)?;
-        let work = self.issue(
-            |c| &mut c.param_gather,
-            |comm| comm.all_gather(input, output),
-        )?;
-        self.buckets[b].gather.start(work);
+        if let Some(piece) = self.buckets[b].secondary.take() {
+            // hpZ: inside the node, from the pieces the micro-step's first gather left.
+            let work = self.issue(
+                |c| &mut c.param_gather,
+                |comm| comm.secondary_all_gather(piece, output),
+            )?;
+            self.buckets[b].gather.start(work, Source::Secondary);
+        } else {
+            let input = self.shard_input(b)?;
+            debug_assert_eq!(self.dev.len(&input), part);
+            let work = self.issue(
+                |c| &mut c.param_gather,
+                |comm| comm.all_gather(input, output),
+            )?;
+            self.buckets[b].gather.start(work, Source::Primary);
+        }
         self.live_gathered += total;
         self.peak_gathered = self.peak_gathered.max(self.live_gathered);
         Ok(())
     }
 
     fn wait_gather(&mut self, b: usize) -> Result<(), EngineError> {
-        Ok(self.buckets[b].gather.wait()?)
+        match self.buckets[b].gather.wait()? {
+            Waited::Nothing => {}
+            Waited::Secondary(piece) => self.buckets[b].secondary = Some(piece),
+            Waited::Primary => self.keep_secondary(b)?,
+        }
+        Ok(())
+    }
+
+    /// hpZ: keeps this rank's piece `even_split(n, H, h)` of bucket `b`, just gathered,
+    /// for the micro-step's later gathers (nothing without hpZ).
+    fn keep_secondary(&mut self, b: usize) -> Result<(), EngineError> {
+        let Some((h, size)) = self.comm.secondary() else {
+            return Ok(());
+        };
+        let Some(full) = self.buckets[b].gather.ready() else {
+            return Ok(());
+        };
+        let range = zero_comm::even_split(self.dev.len(full), size, h);
+        let mut piece = self.dev.zeros(self.dtype, range.len())?;
+        self.dev.copy(full, range, &mut piece, 0)?;
+        self.buckets[b].secondary = Some(piece);
+        Ok(())
+    }
+
+    /// hpZ: drops every secondary piece (a micro-step ended, or the parameters changed):
+    /// the next gather of each bucket reads the partitions again.
+    pub(super) fn drop_secondaries(&mut self) {
+        for state in self.buckets.iter_mut() {
+            state.secondary = None;
+        }
     }
 
     fn free_gathered(&mut self, b: usize) {
@@ -279,12 +318,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
-    /// Frees every gathered bucket (their contents are stale after a step).
+    /// Frees every gathered bucket (their contents are stale after a step), and hpZ's
+    /// secondary pieces.
     pub(super) fn free_all_gathered(&mut self) -> Result<(), EngineError> {
         for b in 0..self.buckets.len() {
             self.wait_gather(b)?;
             self.free_gathered(b);
         }
+        self.drop_secondaries();
         Ok(())
     }
 }

@@ -9,6 +9,9 @@
 //!    ▲                                        │
 //!    └──────────────── release() ─────────────┘
 //! ```
+//!
+//! With hpZ a gather reads either the shard group's partitions (`Primary`) or the hpZ
+//! group's secondary pieces (`Secondary`): waiting for the latter hands the piece back.
 
 use zero_comm::{CommError, Completion};
 
@@ -17,10 +20,30 @@ use zero_comm::{CommError, Completion};
 pub(super) enum Gather<B, W> {
     /// Only this rank's partition is held.
     Idle,
-    /// An all-gather of the bucket is in flight.
-    InFlight(W),
+    /// An all-gather of the bucket is in flight, from the partitions or (hpZ) from the
+    /// secondary pieces.
+    InFlight(W, Source),
     /// The whole bucket is gathered on this rank.
     Ready(B),
+}
+
+/// What an all-gather reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The shard group's partitions.
+    Primary,
+    /// hpZ's secondary pieces, inside a node.
+    Secondary,
+}
+
+/// What waiting finished.
+pub(super) enum Waited<B> {
+    /// Nothing was in flight.
+    Nothing,
+    /// A gather from the partitions: the bucket is whole now.
+    Primary,
+    /// A gather from the secondary pieces: this rank's piece, handed back.
+    Secondary(B),
 }
 
 impl<B, W: Completion<Output = (B, B)>> Gather<B, W> {
@@ -37,21 +60,27 @@ impl<B, W: Completion<Output = (B, B)>> Gather<B, W> {
         }
     }
 
-    /// Idle → InFlight: the all-gather `work` was issued.
-    pub fn start(&mut self, work: W) {
-        *self = Gather::InFlight(work);
+    /// Idle → InFlight: the all-gather `work` was issued, reading `source`.
+    pub fn start(&mut self, work: W, source: Source) {
+        *self = Gather::InFlight(work, source);
     }
 
     /// InFlight → Ready: waits for the all-gather (nothing to do in another state). On an
-    /// error the state is Idle: the partition is still held, the gathered copy is gone.
-    pub fn wait(&mut self) -> Result<(), CommError> {
-        if let Gather::InFlight(_) = self {
-            if let Gather::InFlight(work) = std::mem::replace(self, Gather::Idle) {
-                let (_, full) = work.wait()?;
-                *self = Gather::Ready(full);
-            }
+    /// error the state is Idle: the partition is still held, the gathered copy (and a
+    /// secondary piece it read) is gone.
+    pub fn wait(&mut self) -> Result<Waited<B>, CommError> {
+        if !matches!(self, Gather::InFlight(..)) {
+            return Ok(Waited::Nothing);
         }
-        Ok(())
+        let Gather::InFlight(work, source) = std::mem::replace(self, Gather::Idle) else {
+            return Ok(Waited::Nothing);
+        };
+        let (input, full) = work.wait()?;
+        *self = Gather::Ready(full);
+        Ok(match source {
+            Source::Primary => Waited::Primary,
+            Source::Secondary => Waited::Secondary(input),
+        })
     }
 
     /// Ready → Idle: the gathered copy is dropped. Returns whether there was one.

@@ -80,6 +80,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     fn end_micro_step(&mut self) {
         self.trim_pool();
+        self.drop_secondaries();
         self.last_pass_boundary = self.pass_ends_window();
         self.micro_done += 1;
         self.ready_count = 0;

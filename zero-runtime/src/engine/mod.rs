@@ -33,6 +33,7 @@ mod offload;
 mod param_state;
 mod report;
 mod step;
+mod tiers;
 mod views;
 mod window;
 
@@ -42,6 +43,7 @@ pub use groups::ExternalPiece;
 pub use held::HeldParam;
 pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 pub use step::ExternalArray;
+pub use tiers::TierCounters;
 
 use crate::config::{Precision, ZeroConfig};
 use crate::device::{AdamState, Device};
@@ -51,7 +53,7 @@ use crate::scaler::LossScaler;
 use crate::schedule::LrSchedule;
 use crate::EngineError;
 use std::collections::VecDeque;
-use zero_comm::{CommStats, Communicator};
+use zero_comm::{CommStats, Communicator, Tiered};
 use zero_kernels::DType;
 
 /// What a stage shards and when it communicates: the only place stages differ.
@@ -98,6 +100,9 @@ struct BucketState<B, W2> {
     pending: usize,
     /// Stage 3: only the partition, an all-gather in flight, or the whole bucket.
     gather: gather_state::Gather<B, W2>,
+    /// hpZ (stage 3): this rank's piece of the bucket as the micro-step's first gather
+    /// brought it, read by the micro-step's later gathers inside the node.
+    secondary: Option<B>,
 }
 
 impl<B, W2> BucketState<B, W2> {
@@ -116,6 +121,7 @@ impl<B, W2> BucketState<B, W2> {
             },
             pending: 0,
             gather: gather_state::Gather::Idle,
+            secondary: None,
         })
     }
 
@@ -167,18 +173,26 @@ pub struct CommCounters {
     pub control: u64,
 }
 
-type W1<C> = <C as Communicator>::Pending<<C as Communicator>::Buffer>;
-type W2<C> =
-    <C as Communicator>::Pending<(<C as Communicator>::Buffer, <C as Communicator>::Buffer)>;
+type W1<C> = <Tiered<C> as Communicator>::Pending<<C as Communicator>::Buffer>;
+type W2<C> = <Tiered<C> as Communicator>::Pending<(
+    <C as Communicator>::Buffer,
+    <C as Communicator>::Buffer,
+)>;
 
 /// The ZeRO engine of one rank.
 pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     cfg: ZeroConfig,
     policy: StagePolicy,
-    comm: C,
+    /// The shard group (the whole world unless `mics_shard_size` cuts it), with the
+    /// replica and hpZ groups behind it (`zero_comm::Tiered`).
+    comm: Tiered<C>,
     dev: D,
+    /// This rank in its shard group, and the group's size: what partitions are cut by.
     rank: usize,
     world: usize,
+    /// This rank in the data-parallel world, and its size.
+    dp_rank: usize,
+    dp_world: usize,
     dtype: DType,
     modules: Vec<ModuleSpec>,
     first_param: Vec<usize>,
@@ -229,6 +243,10 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     counters: CommCounters,
     counters_at_step_start: CommCounters,
     last_step_comm: CommCounters,
+    /// `counters` by tier, and the same at the last step's start and for the last step.
+    tier_counters: TierCounters,
+    tier_counters_at_step_start: TierCounters,
+    last_step_tiers: TierCounters,
     timings: report::Clock,
     last_load_stats: crate::io::ReadStats,
     /// The optimizer state when it lives off the device.
@@ -257,7 +275,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         mut init: impl FnMut(usize, &crate::model::ParamSpec, &mut [f32]),
     ) -> Result<Self, EngineError> {
         validate_model(&modules)?;
-        let (rank, world) = (comm.rank(), comm.world_size());
+        let (dp_rank, dp_world) = (comm.rank(), comm.world_size());
+        let world = dp_world;
         let expected =
             cfg.train_batch_size / (cfg.micro_batch_per_rank * cfg.gradient_accumulation_steps);
         if expected != world as u64 {
@@ -274,6 +293,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let policy = StagePolicy {
             stage: cfg.zero.stage,
         };
+        let comm = Tiered::split(
+            comm,
+            cfg.ranks_per_node.unwrap_or(dp_world),
+            cfg.zero.shard_size.unwrap_or(dp_world),
+            cfg.zero.hpz_partition_size,
+        )?;
+        let (rank, world) = (comm.rank(), comm.world_size());
         let clamp = |v: u64| v.min(usize::MAX as u64) as usize;
         let plan = Plan::new(
             &modules,
@@ -347,6 +373,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 },
                 pending: b.modules.len(),
                 gather: gather_state::Gather::Idle,
+                secondary: None,
             });
         }
         let mut first_param = Vec::with_capacity(modules.len());
@@ -386,7 +413,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 cfg.zero.sub_group_size,
                 &owned,
                 (dtype, grad_dtype),
-                rank,
+                dp_rank, // (the swap file's folder: one per process, replicas too)
             )?;
             if grads_on_host {
                 off.host_grads = Some(offload::HostGrads::new(
@@ -412,7 +439,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 cfg.aio,
                 parts,
                 dtype,
-                rank,
+                dp_rank,
             )?)
         } else {
             None
@@ -463,6 +490,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             dev,
             rank,
             world,
+            dp_rank,
+            dp_world,
             dtype,
             ready: vec![false; modules.len()],
             fetched: vec![false; modules.len()],
@@ -498,6 +527,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             counters: CommCounters::default(),
             counters_at_step_start: CommCounters::default(),
             last_step_comm: CommCounters::default(),
+            tier_counters: TierCounters::default(),
+            tier_counters_at_step_start: TierCounters::default(),
+            last_step_tiers: TierCounters::default(),
             timings: report::Clock::default(),
             last_load_stats: crate::io::ReadStats::default(),
             offload,
@@ -546,14 +578,26 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
-    /// This rank.
+    /// This rank in the data-parallel world.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.dp_rank
     }
 
-    /// Number of ranks.
+    /// Number of data-parallel ranks.
     pub fn world_size(&self) -> usize {
-        self.world
+        self.dp_world
+    }
+
+    /// This rank in its shard group, and the group's size (`mics_shard_size`; the world
+    /// when flat): the ranks the model's state is partitioned over.
+    pub fn shard_group(&self) -> (usize, usize) {
+        (self.rank, self.world)
+    }
+
+    /// Which shard group this rank belongs to (its replica), of how many.
+    pub fn replica(&self) -> (usize, usize) {
+        let l = self.comm.layout();
+        (l.replica(), l.replicas())
     }
 
     /// The configuration in force.
@@ -715,11 +759,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn issue<T>(
         &mut self,
         category: fn(&mut CommCounters) -> &mut u64,
-        issue: impl FnOnce(&C) -> Result<T, zero_comm::CommError>,
+        issue: impl FnOnce(&Tiered<C>) -> Result<T, zero_comm::CommError>,
     ) -> Result<T, EngineError> {
-        let before = self.comm.stats().total_elements();
+        let before = self.comm.tier_stats();
         let work = issue(&self.comm)?;
-        *category(&mut self.counters) += self.comm.stats().total_elements() - before;
+        let after = self.comm.tier_stats();
+        *category(&mut self.counters) +=
+            after.total().total_elements() - before.total().total_elements();
+        self.tier_counters.book(category, before, after);
         Ok(work)
     }
 }

@@ -1,5 +1,6 @@
 //! What the engine reports: memory by category, communication by purpose, time by phase.
 
+use super::tiers::TierCounters;
 use super::{CommCounters, Engine};
 use crate::device::Device;
 use crate::scaler::ScaleChange;
@@ -171,8 +172,16 @@ pub struct CommReport {
     /// the backward never reaches, an embedding of token ids, is gathered once: the
     /// counters then show less than this figure).
     pub theory: u64,
-    /// [`theory`](Self::theory) as a formula, e.g. `(K+1)Ψ(N-1)/N, K = 3`.
+    /// [`theory`](Self::theory) as a formula, e.g. `(K+1)Ψ(N-1)/N, K = 3`; with shard
+    /// groups or hpZ, by tier (`engine/tiers.rs`).
     pub theory_formula: String,
+    /// [`last_step`](Self::last_step) by tier: groups inside one node, groups across nodes
+    /// (on one node, everything is intra-node).
+    pub last_step_tiers: TierCounters,
+    /// [`theory`](Self::theory)'s intra-node part.
+    pub theory_intra_node: u64,
+    /// [`theory`](Self::theory)'s inter-node part.
+    pub theory_inter_node: u64,
 }
 
 /// Time by phase.
@@ -382,13 +391,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             ((factor * psi + 2 * k * phi) * (n - 1) / n, formula)
         };
+        let (intra, inter, tier_formula) = self.tier_theory(theory, &formula);
+        let layout = self.comm.layout();
+        let flat = layout.replicas() == 1 && self.comm.secondary().is_none();
         CommReport {
             total: self.counters,
             last_step: self.last_step_comm,
             padded_numel: psi as usize,
             frozen_padded_numel: phi as usize,
-            theory,
-            theory_formula: formula,
+            theory: intra + inter,
+            theory_formula: if flat { formula } else { tier_formula },
+            last_step_tiers: self.last_step_tiers,
+            theory_intra_node: intra,
+            theory_inter_node: inter,
         }
     }
 

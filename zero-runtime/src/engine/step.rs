@@ -11,7 +11,7 @@
 //!    owned range, and (stages 1–2, and stage 3's persistent buckets) all-gather the
 //!    updated parameters.
 
-use super::{CommCounters, Engine, StepOutcome};
+use super::{Engine, StepOutcome};
 use crate::device::Device;
 use crate::EngineError;
 use std::time::Instant;
@@ -155,8 +155,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.micro_done = 0;
         self.last_pass_boundary = false;
         self.timings.step_ended(t0.elapsed());
-        self.last_step_comm = diff(self.counters, self.counters_at_step_start);
+        self.last_step_comm = self.counters.since(self.counters_at_step_start);
         self.counters_at_step_start = self.counters;
+        self.last_step_tiers = self.tier_counters.since(self.tier_counters_at_step_start);
+        self.tier_counters_at_step_start = self.tier_counters;
         if self.cfg.wall_clock_breakdown
             && self.rank == 0
             && self.global_steps % self.cfg.steps_per_print.max(1) == 0
@@ -549,14 +551,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             }
         }
         Ok(())
-    }
-}
-
-fn diff(a: CommCounters, b: CommCounters) -> CommCounters {
-    CommCounters {
-        grad_reduce: a.grad_reduce - b.grad_reduce,
-        param_gather: a.param_gather - b.param_gather,
-        control: a.control - b.control,
     }
 }
 

@@ -111,6 +111,59 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 }
 
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Runs a save on replica 0's shard group only: with `mics_shard_size` the other
+    /// replicas hold the same state, and two writers of one file would race. Every replica
+    /// then gets replica 0's outcome (`text` of its result, or its error), and the others
+    /// return `from_text` of it. Without replicas, just `save`.
+    pub(in crate::engine) fn on_replica_zero<T>(
+        &mut self,
+        during: &str,
+        save: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+        text: impl Fn(&T) -> String,
+        from_text: impl FnOnce(String) -> T,
+    ) -> Result<T, EngineError> {
+        let layout = self.comm.layout();
+        if layout.replicas() == 1 {
+            return save(self);
+        }
+        let mine = if layout.replica() == 0 {
+            Some(save(self))
+        } else {
+            None
+        };
+        let said = match &mine {
+            Some(Ok(t)) => format!("+{}", text(t)),
+            Some(Err(e)) => format!("!{}", clip(&e.to_string(), TEXT_MAX - 1)),
+            None => String::new(),
+        };
+        let run = |e: &mut Self| -> Result<String, EngineError> {
+            let mut buf = e.dev.zeros(DType::F32, TEXT_MAX + 1)?;
+            if layout.replica() == 0 {
+                e.dev.upload_f32(&mut buf, 0, &encode(&said))?;
+            }
+            let work = e.issue(|c| &mut c.control, |comm| comm.replicas_broadcast(buf, 0))?;
+            let out = work.wait()?;
+            Ok(decode(&e.dev.download_f32(&out, 0..TEXT_MAX + 1)?))
+        };
+        let told = run(self).map_err(collective(during))?;
+        match mine {
+            Some(outcome) => outcome,
+            None => match told.strip_prefix('+') {
+                Some(t) => Ok(from_text(t.to_string())),
+                None => Err(CheckpointError::RankFailed {
+                    rank: 0,
+                    message: format!(
+                        "replica 0 (the shard group that writes) failed: {}",
+                        told.strip_prefix('!').unwrap_or(&told)
+                    ),
+                }
+                .into()),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

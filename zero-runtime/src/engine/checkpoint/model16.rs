@@ -62,12 +62,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         shared: bool,
     ) -> Result<Vec<WrittenFile>, EngineError> {
         self.require_boundary("saving the model's weights")?;
-        let mut files = Vec::new();
-        let result = self
-            .write_hf(dir, max_shard_bytes, dtype, aliases, shared)
-            .map(|written| files = written);
-        self.agree_outcome(result, "saving the model's weights")?;
-        Ok(files)
+        self.on_replica_zero(
+            "saving the model's weights",
+            |e| {
+                let mut files = Vec::new();
+                let result = e
+                    .write_hf(dir, max_shard_bytes, dtype, aliases, shared)
+                    .map(|written| files = written);
+                e.agree_outcome(result, "saving the model's weights")?;
+                Ok(files)
+            },
+            |_| String::new(),
+            |_| Vec::new(), // (replica 0 wrote the files)
+        )
     }
 
     /// The writers (every rank with `shared`, else rank 0) write bucket by bucket (a

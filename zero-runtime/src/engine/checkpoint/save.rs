@@ -138,6 +138,23 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         options: SaveOptions,
     ) -> Result<String, EngineError> {
         self.require_boundary("save_checkpoint")?;
+        self.on_replica_zero(
+            "saving a checkpoint",
+            |e| e.save_shard_group(dir, tag, client_state, options),
+            |tag| tag.clone(),
+            |tag| tag,
+        )
+    }
+
+    /// The save of one shard group: every rank of it writes its part (see
+    /// [`save_checkpoint_with`](Self::save_checkpoint_with)).
+    fn save_shard_group(
+        &mut self,
+        dir: &Path,
+        tag: Option<&str>,
+        client_state: serde_json::Value,
+        options: SaveOptions,
+    ) -> Result<String, EngineError> {
         let mine = tag
             .map(str::to_string)
             .unwrap_or_else(|| format!("global_step{}", self.global_steps));

@@ -1,0 +1,117 @@
+//! Elements sent by tier (inside a node, across nodes) and the formulas beside them, for
+//! flat ZeRO, shard groups (`mics_shard_size`) and hpZ (`zero_hpz_partition_size`).
+//!
+//! Per optimizer step of `K` micro-steps, on a rank of shard group size `S`, `R = N/S`
+//! replicas, hpZ groups of `H`, with Ψ' the padded trainable elements and Φ' stage 3's
+//! padded frozen-bucket elements (`n_b` a bucket's, `p_b = n_b / S` its partition, and
+//! `own_W(n, w)` the `even_split(n, W, w)` share of rank `w` of `W`):
+//!
+//! | traffic | tier | elements |
+//! |---|---|---|
+//! | the stage's reductions and gathers inside the shard group | the shard group's | the flat formula with `N → S` (`3KΨ'(S−1)/S` at stage 3) |
+//! | hpZ: each micro-step's second gather of a bucket reads the node's `H` ranks instead | intra-node | `K·Σ_b (n_b − own_H(n_b, h))` added, `K(Ψ'+Φ')(S−1)/S` taken off the shard group's |
+//! | each gradient reduction's partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` per reduction: once per step at stage 1, `K` times at stages 2–3 (`≈ 2KΨ'(R−1)/(RS)`) |
+//!
+//! A group is intra-node when all its ranks sit on one node (`ranks_per_node`), else
+//! inter-node.
+
+use super::{CommCounters, Engine};
+use crate::device::Device;
+use zero_comm::{even_split, Communicator, Tier, TierStats};
+
+/// Counters of elements sent, by purpose, for each tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierCounters {
+    /// Groups whose ranks all sit on one node.
+    pub intra_node: CommCounters,
+    /// Groups that span nodes.
+    pub inter_node: CommCounters,
+}
+
+impl TierCounters {
+    /// The counters of `tier`.
+    pub fn tier_mut(&mut self, tier: Tier) -> &mut CommCounters {
+        match tier {
+            Tier::IntraNode => &mut self.intra_node,
+            Tier::InterNode => &mut self.inter_node,
+        }
+    }
+
+    /// Books what `after − before` sent, under `category`, per tier.
+    pub(super) fn book(
+        &mut self,
+        category: fn(&mut CommCounters) -> &mut u64,
+        before: TierStats,
+        after: TierStats,
+    ) {
+        *category(&mut self.intra_node) +=
+            after.intra_node.total_elements() - before.intra_node.total_elements();
+        *category(&mut self.inter_node) +=
+            after.inter_node.total_elements() - before.inter_node.total_elements();
+    }
+
+    /// `self − other`, field by field.
+    pub(super) fn since(self, other: TierCounters) -> TierCounters {
+        TierCounters {
+            intra_node: self.intra_node.since(other.intra_node),
+            inter_node: self.inter_node.since(other.inter_node),
+        }
+    }
+}
+
+impl CommCounters {
+    /// `self − other`, field by field.
+    pub(super) fn since(self, other: CommCounters) -> CommCounters {
+        CommCounters {
+            grad_reduce: self.grad_reduce - other.grad_reduce,
+            param_gather: self.param_gather - other.param_gather,
+            control: self.control - other.control,
+        }
+    }
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// The gradient reductions and parameter gathers of one step, by tier `(intra, inter)`,
+    /// from `flat`, the stage's formula inside the shard group (see the module docs), and
+    /// the formula's words.
+    pub(super) fn tier_theory(&self, flat: u64, flat_formula: &str) -> (u64, u64, String) {
+        let layout = self.comm.layout();
+        let k = self.cfg.gradient_accumulation_steps.max(1);
+        let mut tiers = [0u64; 2];
+        let at = |t: Tier| match t {
+            Tier::IntraNode => 0,
+            Tier::InterNode => 1,
+        };
+        tiers[at(layout.shard_tier())] += flat;
+        let mut formula = flat_formula.replace("(N-1)/N", "(S-1)/S");
+        if let Some((h, size)) = self.comm.secondary() {
+            let s = self.world;
+            let (mut moved, mut added) = (0u64, 0u64);
+            for b in (0..self.plan.buckets.len()).filter(|&b| self.params_sharded(b)) {
+                let n = self.plan.buckets[b].layout.total_len();
+                moved += (n - even_split(n, s, self.rank).len()) as u64;
+                added += (n - even_split(n, size, h).len()) as u64;
+            }
+            tiers[at(layout.shard_tier())] -= k * moved;
+            tiers[at(Tier::IntraNode)] += k * added;
+            formula.push_str(&format!(
+                "; hpZ (H = {size}): the second gather of each micro-step inside the node, K(Ψ+Φ)(H-1)/H intra-node in place of K(Ψ+Φ)(S-1)/S"
+            ));
+        }
+        if layout.replicas() > 1 {
+            let (rho, r) = (layout.replica(), layout.replicas());
+            let reductions = if self.policy.shards_gradients() { k } else { 1 };
+            let mut per = 0u64;
+            for plan in self.plan.trainable() {
+                let p = plan.layout.partition_len();
+                per += 2 * (p - even_split(p, r, rho).len()) as u64;
+            }
+            tiers[at(layout.replica_tier())] += reductions * per;
+            formula.push_str(&format!(
+                "; replicas (R = {r}): each reduction's partition all-reduced, {}2Ψ(R-1)/(RS)",
+                if reductions > 1 { "K·" } else { "" }
+            ));
+        }
+        (tiers[0], tiers[1], formula)
+    }
+}

@@ -4,6 +4,14 @@
 //! runs when the stream reaches it. Disagreeing ranks, a missing rank, two ranks on one
 //! device and aborts fail on every rank, through `ncclCommGetAsyncError` as NCCL reports
 //! them.
+//!
+//! `ncclCommSplit` waits for the parent's queued collectives to run, then exchanges every
+//! rank's (color, key, a fresh unique id) through the parent as one of its collectives (an
+//! all-gather, so a rank that issues anything else there fails every rank naming both
+//! calls); each color's ranks then join a new communicator, ranked by (key, parent rank),
+//! under the id of its first rank, with the usual checks (one rank per device). While it
+//! splits, the parent reports `ncclInProgress` and refuses collectives, as NCCL does.
+//! `NCCL_SPLIT_NOCOLOR` is not implemented.
 
 use crate::driver::errors::{finding, FindingKind};
 use crate::driver::memory::memory;
@@ -11,6 +19,7 @@ use crate::driver::state::{current, registry};
 use crate::driver::work::{DevRange, Work};
 use crate::shmcoll::{self, AbortFlag, CollError, DType, Member, RedOp, ShmComm, UNIQUE_ID_BYTES};
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,6 +69,28 @@ struct Comm {
     device: usize,
     state: Mutex<State>,
     abort: AbortFlag,
+    /// Whether it was created blocking (a split with no config inherits it).
+    blocking: bool,
+    /// Collectives queued on a stream that have not run yet (a split waits for them).
+    queued: AtomicUsize,
+    /// Set while `ncclCommSplit` exchanges through this communicator.
+    splitting: AtomicBool,
+}
+
+/// Counts a queued collective until it ran (or was dropped unrun: a failed stream).
+struct Queued(Arc<Comm>);
+
+impl Queued {
+    fn new(c: Arc<Comm>) -> Queued {
+        c.queued.fetch_add(1, Ordering::AcqRel);
+        Queued(c)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Comm {
@@ -175,16 +206,42 @@ fn init(
         );
     }
     let device = current().unwrap_or(0);
+    start(
+        out,
+        id,
+        rank as usize,
+        nranks as usize,
+        device,
+        blocking,
+        "ncclCommInitRank",
+    )
+}
+
+/// Makes the communicator `*out` (rank `rank` of `nranks` on `device`) and joins the
+/// segment `id` names: at once where `blocking`, else on a thread (the communicator
+/// reports `ncclInProgress` until it is joined).
+fn start(
+    out: *mut *mut c_void,
+    id: UniqueId,
+    rank: usize,
+    nranks: usize,
+    device: usize,
+    blocking: bool,
+    call: &str,
+) -> NcclResult {
     let c = Arc::new(Comm {
-        rank: rank as usize,
-        nranks: nranks as usize,
+        rank,
+        nranks,
         device,
         state: Mutex::new(State::Joining),
         abort: AbortFlag::default(),
+        blocking,
+        queued: AtomicUsize::new(0),
+        splitting: AtomicBool::new(false),
     });
     let member = Member {
-        rank: rank as usize,
-        nranks: nranks as usize,
+        rank,
+        nranks,
         device_key: super::cuda_device::device_key(device),
         pid: std::process::id(),
     };
@@ -210,10 +267,7 @@ fn init(
         .spawn(join)
         .is_err()
     {
-        return fail(
-            SYSTEM_ERROR,
-            "ncclCommInitRank: could not start a thread".into(),
-        );
+        return fail(SYSTEM_ERROR, format!("{call}: could not start a thread"));
     }
     IN_PROGRESS
 }
@@ -236,24 +290,133 @@ unsafe extern "C" fn ncclCommInitRankConfig(
     rank: c_int,
     config: *const c_void,
 ) -> NcclResult {
-    let blocking = if config.is_null() {
-        true
-    } else {
-        // SAFETY: an ncclConfig_t made by NCCL_CONFIG_INITIALIZER (its head is common to
-        // every version).
-        let head = unsafe { &*(config as *const ConfigHead) };
-        if head.magic != 0xcafe_beef || head.size < std::mem::size_of::<ConfigHead>() {
-            return fail(
-                INVALID_ARGUMENT,
-                format!(
-                    "ncclCommInitRankConfig: not an ncclConfig_t (magic {:#x})",
-                    head.magic
-                ),
-            );
-        }
-        head.blocking != 0
+    // SAFETY: the caller's config, passed on.
+    match unsafe { config_blocking(config, "ncclCommInitRankConfig") } {
+        Ok(blocking) => init(out, nranks, id, rank, blocking.unwrap_or(true)),
+        Err(code) => code,
+    }
+}
+
+/// The `blocking` field of an `ncclConfig_t` (`None` for a null config).
+///
+/// # Safety
+/// `config` is null or an `ncclConfig_t` made by `NCCL_CONFIG_INITIALIZER`.
+unsafe fn config_blocking(config: *const c_void, call: &str) -> Result<Option<bool>, NcclResult> {
+    if config.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: an ncclConfig_t made by NCCL_CONFIG_INITIALIZER (its head is common to every
+    // version).
+    let head = unsafe { &*(config as *const ConfigHead) };
+    if head.magic != 0xcafe_beef || head.size < std::mem::size_of::<ConfigHead>() {
+        return Err(fail(
+            INVALID_ARGUMENT,
+            format!("{call}: not an ncclConfig_t (magic {:#x})", head.magic),
+        ));
+    }
+    Ok(Some(head.blocking != 0))
+}
+
+/// The bytes each rank gives the split's exchange: color, key (little-endian `i32`s) and
+/// a fresh unique id.
+const SPLIT_ENTRY: usize = 8 + UNIQUE_ID_BYTES;
+
+#[no_mangle]
+unsafe extern "C" fn ncclCommSplit(
+    c: *mut c_void,
+    color: c_int,
+    key: c_int,
+    out: *mut *mut c_void,
+    config: *const c_void,
+) -> NcclResult {
+    const CALL: &str = "ncclCommSplit";
+    let Some(parent) = comm(c) else {
+        return fail(
+            INVALID_ARGUMENT,
+            format!("{CALL}: the communicator is null"),
+        );
     };
-    init(out, nranks, id, rank, blocking)
+    if out.is_null() {
+        return fail(INVALID_ARGUMENT, format!("{CALL}: null output"));
+    }
+    if color < 0 {
+        return fail(
+            INVALID_USAGE,
+            format!("{CALL}: color {color} (NCCL_SPLIT_NOCOLOR) is not implemented by zero-gpusim"),
+        );
+    }
+    // SAFETY: the caller's config, passed on.
+    let blocking = match unsafe { config_blocking(config, CALL) } {
+        Ok(b) => b.unwrap_or(parent.blocking),
+        Err(code) => return code,
+    };
+    let shm = match &*parent.state() {
+        State::Ready(s) => s.clone(),
+        State::Joining => return fail(INVALID_USAGE, format!("{CALL}: the communicator is still initializing (poll ncclCommGetAsyncError until ncclSuccess)")),
+        State::Failed(code, m) => return fail(*code, format!("{CALL}: the communicator failed earlier: {m}")),
+    };
+    if parent.splitting.swap(true, Ordering::AcqRel) {
+        return fail(
+            INVALID_USAGE,
+            format!("{CALL}: the communicator is already splitting"),
+        );
+    }
+    let done = |code: NcclResult| {
+        parent.splitting.store(false, Ordering::Release);
+        code
+    };
+    // The parent's collectives already queued come first, on every rank.
+    let deadline = std::time::Instant::now() + shm.timeout();
+    while parent.queued.load(Ordering::Acquire) > 0 {
+        if std::time::Instant::now() > deadline {
+            let m = format!(
+                "{CALL}: the communicator's queued collectives did not run within {:?}",
+                shm.timeout()
+            );
+            parent.set_failed(REMOTE_ERROR, m.clone());
+            return done(fail(REMOTE_ERROR, m));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let mut mine = Vec::with_capacity(SPLIT_ENTRY);
+    mine.extend_from_slice(&color.to_le_bytes());
+    mine.extend_from_slice(&key.to_le_bytes());
+    mine.extend_from_slice(&shmcoll::unique_id());
+    let mut all = vec![0u8; SPLIT_ENTRY * parent.nranks];
+    if let Err(e) = shm.all_gather(&mine, &mut all, DType::U8) {
+        let code = code_of(&e);
+        parent.set_failed(code, format!("{CALL}: {e}"));
+        return done(code);
+    }
+    let int = |b: &[u8]| c_int::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut members: Vec<(c_int, usize)> = all
+        .chunks(SPLIT_ENTRY)
+        .enumerate()
+        .filter(|(_, e)| int(&e[..4]) == color)
+        .map(|(r, e)| (int(&e[4..8]), r))
+        .collect();
+    members.sort_unstable();
+    let Some(rank) = members.iter().position(|&(_, r)| r == parent.rank) else {
+        return done(fail(
+            INTERNAL_ERROR,
+            format!("{CALL}: this rank is not in its own color"),
+        ));
+    };
+    let first = members[0].1 * SPLIT_ENTRY + 8;
+    let mut id = UniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
+    id.internal
+        .copy_from_slice(&all[first..first + UNIQUE_ID_BYTES]);
+    done(start(
+        out,
+        id,
+        rank,
+        members.len(),
+        parent.device,
+        blocking,
+        CALL,
+    ))
 }
 
 #[no_mangle]
@@ -262,6 +425,7 @@ unsafe extern "C" fn ncclCommGetAsyncError(c: *mut c_void, out: *mut NcclResult)
         return INVALID_ARGUMENT;
     };
     let code = match &*c.state() {
+        _ if c.splitting.load(Ordering::Acquire) => IN_PROGRESS,
         State::Joining => IN_PROGRESS,
         State::Ready(_) => SUCCESS,
         State::Failed(code, m) => {
@@ -440,8 +604,13 @@ fn collective(
             Err(code) => return code,
         }
     };
+    if cm.splitting.load(Ordering::Acquire) {
+        return fail(INVALID_USAGE, format!("{name}: the communicator is splitting (poll ncclCommGetAsyncError until ncclSuccess)"));
+    }
     let owner = unsafe_clone(c);
+    let queued = owner.clone().map(Queued::new);
     let work = Work::Custom(Box::new(move |cx| {
+        let _queued = queued;
         let Some(owner) = owner.as_ref() else {
             return Ok(());
         };
@@ -637,7 +806,6 @@ nccl_stubs!(
     ncclCommRegister,
     ncclCommRevoke,
     ncclCommShrink,
-    ncclCommSplit,
     ncclCommWindowDeregister,
     ncclCommWindowRegister,
     ncclGather,

@@ -472,11 +472,69 @@ impl Communicator for NcclComm {
         self.stats.get()
     }
 
-    fn split(&self, _color: usize, _key: usize) -> Result<Self, CommError> {
-        Err(CommError::InvalidArgument {
+    fn split(&self, color: usize, key: usize) -> Result<Self, CommError> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let op = OpDesc::split().to_string();
+        if let Some(err) = self.shared.failure() {
+            return Err(err);
+        }
+        let invalid = |reason: String| CommError::InvalidArgument {
             rank: self.shared.rank,
-            op: "split".into(),
-            reason: "the NCCL communicator cannot split yet".into(),
+            op: op.clone(),
+            reason,
+        };
+        // ncclCommSplit takes ints (a negative color means "no new communicator").
+        let color = i32::try_from(color)
+            .map_err(|_| invalid(format!("color {color} does not fit NCCL's int")))?;
+        let key = i32::try_from(key)
+            .map_err(|_| invalid(format!("key {key} does not fit NCCL's int")))?;
+        let mut comm = self
+            .shared
+            .comm
+            .lock()
+            .map_err(|_| CommError::Disconnected)?;
+        let nccl = comm.nccl();
+        if nccl.raw().ncclCommSplit.is_err() {
+            let version = nccl
+                .version()
+                .map_or("of unknown version".to_string(), |v| {
+                    format!("{}.{}.{}", v.major, v.minor, v.patch)
+                });
+            return Err(invalid(format!(
+                "the loaded NCCL ({version}, {}) has no ncclCommSplit; splitting needs NCCL 2.18 \
+                 or newer",
+                nccl.opened_as()
+            )));
+        }
+        // NCCL uses the calling thread's current device.
+        self.stream
+            .cuda()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| backend(seq, &op, format!("{e:?}")))?;
+        let split = comm.split(color, key);
+        drop(comm);
+        let new = split.map_err(|e| self.shared.abort(backend(seq, &op, e.to_string())))?;
+        let (rank, world) = new
+            .rank_and_size()
+            .map_err(|e| backend(seq, &op, e.to_string()))?;
+        let stream = self
+            .stream
+            .gpu()
+            .new_stream()
+            .map_err(|e| backend(seq, &op, e.to_string()))?;
+        Ok(NcclComm {
+            shared: Arc::new(Shared {
+                comm: Mutex::new(new),
+                broken: Mutex::new(None),
+                rank,
+                timeout: self.shared.timeout,
+            }),
+            world,
+            stream,
+            seq: Cell::new(0),
+            stats: Cell::new(CommStats::default()),
         })
     }
 

@@ -159,6 +159,45 @@ impl Nccl {
         Ok(RawComm(comm))
     }
 
+    /// Starts splitting a ready `comm` (`ncclCommSplit`, NCCL 2.18+), non-blocking: the
+    /// ranks that pass the same `color` form a new communicator, ranked by `key`. Poll
+    /// both `comm` and the new one until they are ready. Every rank of `comm` calls it.
+    pub(crate) fn split_nonblocking(
+        &self,
+        comm: &RawComm,
+        color: i32,
+        key: i32,
+    ) -> Result<RawComm, NcclError> {
+        let f = sym!(self, ncclCommSplit);
+        let mut config = nonblocking_config();
+        let mut new: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: comm is a live handle whose previous call completed; one handle is
+        // written through `new` (a live local); `config` is a fully initialized
+        // ncclConfig_t of this header's version that outlives the call.
+        let rc = unsafe { f(comm.0, color, key, &mut new, &mut config) };
+        self.enqueued("ncclCommSplit", rc)?;
+        if new.is_null() {
+            return Err(NcclError::Call {
+                call: "ncclCommSplit",
+                code: rc,
+                message: "no communicator returned".into(),
+            });
+        }
+        Ok(RawComm(new))
+    }
+
+    /// `comm`'s rank and size (`ncclCommUserRank`, `ncclCommCount`) once it is ready.
+    pub(crate) fn rank_and_size(&self, comm: &RawComm) -> Result<(usize, usize), NcclError> {
+        let user_rank = sym!(self, ncclCommUserRank);
+        let count = sym!(self, ncclCommCount);
+        let (mut rank, mut size) = (0i32, 0i32);
+        // SAFETY: comm is a live, ready handle; each call writes one int to a live local.
+        self.check("ncclCommUserRank", unsafe { user_rank(comm.0, &mut rank) })?;
+        // SAFETY: as above.
+        self.check("ncclCommCount", unsafe { count(comm.0, &mut size) })?;
+        Ok((rank.max(0) as usize, size.max(0) as usize))
+    }
+
     /// Polls `comm` (`ncclCommGetAsyncError`).
     pub(crate) fn comm_state(&self, comm: &RawComm) -> Result<CommState, NcclError> {
         let f = sym!(self, ncclCommGetAsyncError);

@@ -228,6 +228,40 @@ impl PolledComm {
         })
     }
 
+    /// Splits this communicator (`ncclCommSplit`, NCCL 2.18+): the ranks that pass the
+    /// same `color` form a new communicator, ranked by `key` (ties by rank here), with
+    /// the same timeout. Every rank calls it at the same point of its calls. Returns once
+    /// both this communicator and the new one are ready; a failure or the timeout aborts
+    /// both (this one, too: the ranks of a failed split disagree on what comes next).
+    pub fn split(&mut self, color: i32, key: i32) -> Result<PolledComm, NcclError> {
+        let raw = self.live()?;
+        let new = match self.nccl.split_nonblocking(raw, color, key) {
+            Ok(new) => new,
+            Err(e) => return Err(self.abort(e)),
+        };
+        let mut new = PolledComm {
+            nccl: self.nccl,
+            raw: Some(new),
+            failure: None,
+            timeout: self.timeout,
+        };
+        if let Err(e) = self.settle("ncclCommSplit") {
+            new.abort(e.clone());
+            return Err(e);
+        }
+        if let Err(e) = new.settle("ncclCommSplit (the new communicator)") {
+            return Err(self.abort(e));
+        }
+        Ok(new)
+    }
+
+    /// This rank and the number of ranks, as NCCL counts them (after a split, the new
+    /// communicator's).
+    pub fn rank_and_size(&self) -> Result<(usize, usize), NcclError> {
+        let raw = self.live()?;
+        self.nccl.rank_and_size(raw)
+    }
+
     /// Frees the communicator: waits for its last call, finalizes (polled), destroys.
     /// Where any of that fails or times out, the communicator is aborted instead and the
     /// error returned. The caller first waits for the work queued on its streams.

@@ -130,3 +130,80 @@ fn one_device_collectives_give_the_host_groups_bits() {
         }
     }
 }
+
+/// Shard (`rank / 2`) and replica (`rank % 2`, keys reversed) groups of 4 ranks: every
+/// collective's bits on a sub-group of the one-device group, as `f32`, per parent rank.
+fn split_results<C: Communicator>(
+    comms: Vec<C>,
+    inputs: &[Vec<f32>],
+    up: impl Fn(&[f32]) -> C::Buffer + Sync,
+    down: impl Fn(&C::Buffer) -> Vec<u32> + Sync,
+) -> Vec<Vec<Vec<u32>>>
+where
+    C::Buffer: Send,
+{
+    let n = inputs[0].len();
+    run_ranks(comms, |c| {
+        let r = c.rank();
+        let shard = c.split(r / 2, r).unwrap();
+        let replica = c.split(r % 2, 4 - r).unwrap();
+        let mut out = Vec::new();
+        for sub in [&shard, &replica] {
+            let (me, world) = (sub.rank(), sub.world_size());
+            let x = &inputs[r];
+            let ar = sub
+                .all_reduce(up(x), ReduceOp::Sum)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let piece = even_split(n, world, me);
+            let (_, rs) = sub
+                .reduce_scatter(up(x), up(&vec![f32::NAN; piece.len()]), ReduceOp::Avg)
+                .unwrap()
+                .wait()
+                .unwrap();
+            let (_, ag) = sub
+                .all_gather(up(&x[piece]), up(&vec![f32::NAN; n]))
+                .unwrap()
+                .wait()
+                .unwrap();
+            out.extend([
+                down(&ar),
+                down(&rs),
+                down(&ag),
+                vec![me as u32, world as u32],
+            ]);
+        }
+        out
+    })
+}
+
+#[test]
+fn one_device_sub_groups_give_the_host_groups_bits() {
+    let Some(g) = gpu_or_skip("one-device split") else {
+        return;
+    };
+    let seed = zero_kernels::testing::fresh_seed("one-device split");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = 1001;
+    let inputs: Vec<Vec<f32>> = (0..4)
+        .map(|_| (0..n).map(|_| rng.gen_range(-60.0f32..60.0)).collect())
+        .collect();
+    let host = split_results(
+        HostGroup::new(4).unwrap(),
+        &inputs,
+        |v| HostBuffer::from(v.to_vec()),
+        |b| canonical_bits(b.as_slice::<f32>().unwrap()),
+    );
+    let st = g.new_stream().unwrap();
+    let dev = split_results(
+        DeviceGroup::new(4).unwrap(),
+        &inputs,
+        |v| st.upload(v).unwrap(),
+        |b| canonical_bits(&st.download::<f32>(b, 0..b.len()).unwrap()),
+    );
+    assert!(
+        host == dev,
+        "sub-groups differ from the host group's (seed {seed})"
+    );
+}

@@ -342,3 +342,34 @@ fn gpu_stage_3_gathered_buckets_are_read_through_leases_before_their_release() {
         }
     }
 }
+
+/// Shard groups and hpZ (issue 50) on the GPU: four ranks of a device group split into
+/// shard groups of 2 (their sub-groups on streams of their own) with hpZ over 2 give the
+/// host engine's bits for the same layout, at stages 2 and 3, in fp32 and bf16.
+#[test]
+fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
+    if gpu_or_skip("GPU engine, shard groups and hpZ").is_none() {
+        return;
+    }
+    let seed = seed("gpu shard groups");
+    for stage in [2u8, 3] {
+        for precision in ["fp32", "bf16"] {
+            let hpz = if stage == 3 { 2 } else { 1 };
+            let cfg = config(stage, precision, 2, 0.0).replace(
+                r#""stage3_max_reuse_distance": 0"#,
+                &format!(
+                    r#""stage3_max_reuse_distance": 0, "mics_shard_size": 2, "zero_hpz_partition_size": {hpz}"#
+                ),
+            );
+            assert!(cfg.contains("mics_shard_size"), "{cfg}");
+            let host = train(false, 4, &cfg, seed, 2);
+            let dev = train(true, 4, &cfg, seed, 2);
+            for (r, (h, d)) in host.iter().zip(&dev).enumerate() {
+                assert!(
+                    bits(h) == bits(d),
+                    "stage {stage} {precision} rank {r}: the GPU's shard groups differ from the host's (seed {seed})"
+                );
+            }
+        }
+    }
+}

@@ -625,6 +625,12 @@ impl NativeEngine {
             param_gather: r.last_step.param_gather,
             control: r.last_step.control,
             theory: r.theory,
+            intra_node: r.last_step_tiers.intra_node.grad_reduce
+                + r.last_step_tiers.intra_node.param_gather,
+            inter_node: r.last_step_tiers.inter_node.grad_reduce
+                + r.last_step_tiers.inter_node.param_gather,
+            theory_intra_node: r.theory_intra_node,
+            theory_inter_node: r.theory_inter_node,
         })
     }
 

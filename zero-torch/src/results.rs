@@ -172,6 +172,16 @@ result_class! {
         control: u64,
         /// The paper's elements per step for this stage.
         theory: u64,
+        /// Of the gradient reductions and parameter gathers, what went over groups inside
+        /// one node (shard groups, hpZ) and across nodes (the launcher's
+        /// `LOCAL_WORLD_SIZE` says where nodes end).
+        intra_node: u64,
+        /// ... and across nodes.
+        inter_node: u64,
+        /// `theory`'s intra-node part.
+        theory_intra_node: u64,
+        /// `theory`'s inter-node part.
+        theory_inter_node: u64,
     }
 }
 

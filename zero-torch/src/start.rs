@@ -177,7 +177,8 @@ pub fn host(
     let comm = py
         .detach(|| ShmGroup::init(env, timeout))
         .map_err(comm_to_py)?;
-    let cfg = read_config(config_json, comm.world_size())?;
+    let mut cfg = read_config(config_json, comm.world_size())?;
+    cfg.ranks_per_node = env.local_world_size;
     Ok(Inner::Host(model.build(cfg, comm, HostDevice)?))
 }
 
@@ -243,7 +244,8 @@ pub fn cuda(
     let comm = py
         .detach(|| NcclComm::init(env, timeout))
         .map_err(comm_to_py)?;
-    let cfg = read_config(config_json, comm.world_size())?;
+    let mut cfg = read_config(config_json, comm.world_size())?;
+    cfg.ranks_per_node = env.local_world_size;
     let dev = CudaDevice::new().map_err(to_py)?;
     Ok(Inner::Cuda(model.build(cfg, comm, dev)?))
 }

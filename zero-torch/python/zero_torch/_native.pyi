@@ -68,6 +68,10 @@ class CommReport:
     param_gather: int
     control: int
     theory: int
+    intra_node: int
+    inter_node: int
+    theory_intra_node: int
+    theory_inter_node: int
     def as_dict(self) -> Dict[str, Any]: ...
 
 class HfLoad:

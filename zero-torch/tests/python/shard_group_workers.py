@@ -1,0 +1,60 @@
+"""What ``test_shard_groups.py`` runs on each rank of a 2-node launch (two ``torchrun``
+agents on one machine): several trainings of the tiny Llama at stage 1-3 with shard
+groups (``mics_shard_size``) and hpZ (``zero_hpz_partition_size``), through the compat
+line (``zero``) or DeepSpeed itself (``deepspeed``); each rank pickles its results to
+``OUT/rank{R}.pkl``."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+from workers import config  # noqa: E402
+
+
+def run(engine_kind: str, runs: List[Dict[str, Any]], steps: int, batch: int) -> List[Dict[str, Any]]:
+    if engine_kind == "zero":
+        import zero_torch.deepspeed_compat  # noqa: F401  (the one added line)
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    if engine_kind == "deepspeed":
+        deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = []
+    for r in runs:
+        m = models.build("llama")
+        cfg = config(r["stage"], "fp32", 1, batch, extra={"zero_optimization": r.get("zero", {})})
+        if engine_kind == "deepspeed":
+            cfg["optimizer"]["params"]["torch_adam"] = True
+        engine, _, _, _ = deepspeed.initialize(model=m, config=cfg, model_parameters=m.parameters())
+        losses = []
+        for ids in models.batches(steps, batch, 1):
+            loss = models.loss_of(engine, models.shard(ids, rank, world))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        params = list(engine.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=r["stage"] == 3):
+            whole = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+        comm = engine.comm_report() if engine_kind == "zero" else None
+        out.append({"losses": losses, "params": whole, "comm": comm})
+        if hasattr(engine, "destroy"):
+            engine.destroy()
+    return out
+
+
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    result = run(args["engine"], args["runs"], args["steps"], args["batch"])
+    with open(Path(args["out"]) / f"rank{os.environ['RANK']}.pkl", "wb") as f:
+        pickle.dump(result, f)

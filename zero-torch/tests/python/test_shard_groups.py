@@ -1,0 +1,168 @@
+"""Shard groups and hpZ through the compat line, on 4 CPU processes launched as 2 nodes of
+2 by two ``torchrun`` agents on one machine (``--nnodes 2 --node-rank K``), the usual way
+to try a multi-node launch on one box (issue 50).
+
+- zero's shard groups (``mics_shard_size: 2``: one node each) at stages 1-3, and hpZ
+  (``zero_hpz_partition_size: 2``) at stage 3: losses within 1e-6 relative of zero's flat
+  engine over 20 steps, parameters within 2e-5 of the largest (see the test for why not
+  1e-6 here, where the Rust MLP of tests/shard_groups.rs holds 1e-6); hpZ changes no
+  arithmetic: the same bits as without it.
+- DeepSpeed 0.19.8 on the same launch: flat and hpZ give the same bits (hpZ changes no
+  arithmetic there either), and zero follows DeepSpeed's flat run within
+  ``test_deepspeed.py``'s bound (1e-5 relative on the losses: the two round the reduction
+  and the update in different orders). DeepSpeed 0.19.8 refuses ``mics_shard_size``, so
+  zero's shard groups are held against its flat run.
+- The comm report's intra-node and inter-node elements equal the formulas to the element
+  at stages 1-2 and across nodes with one-node shard groups (see the test for stage 3's
+  gathers).
+
+The inter-node tier here is the shared-memory group too (the two "nodes" are one
+machine); across real machines zero_torch trains on GPUs (NCCL sub-communicators).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from conftest import HERE, LAUNCH_VARS, free_port
+
+STEPS = 20
+BATCH = 8
+# No persistent parameters and no reuse of a released bucket: every bucket is gathered in
+# the forward and again in the backward, the count the formulas assume.
+EXACT = {"stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0}
+ZERO_RUNS = [
+    {"stage": 3, "zero": EXACT},
+    {"stage": 3, "zero": {**EXACT, "mics_shard_size": 2}},
+    {"stage": 3, "zero": {**EXACT, "mics_shard_size": 2, "zero_hpz_partition_size": 2}},
+    {"stage": 3, "zero": {**EXACT, "zero_hpz_partition_size": 2}},
+    {"stage": 1, "zero": EXACT},
+    {"stage": 1, "zero": {**EXACT, "mics_shard_size": 2}},
+    {"stage": 2, "zero": EXACT},
+    {"stage": 2, "zero": {**EXACT, "mics_shard_size": 2}},
+]
+
+
+def is_flat(run: Dict[str, Any]) -> bool:
+    return not {"mics_shard_size", "zero_hpz_partition_size"} & set(run["zero"])
+
+
+DS_RUNS = [{"stage": 3}, {"stage": 3, "zero": {"zero_hpz_partition_size": 2}}]
+
+
+def two_nodes(engine: str, runs: List[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+    """Runs ``shard_group_workers.py`` under two torchrun agents of 2 processes each;
+    returns every rank's results."""
+    out = Path(tempfile.mkdtemp(prefix="zt-nodes-"))
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path),
+                "DS_ACCELERATOR": "cpu"})
+    args = json.dumps({"engine": engine, "runs": runs, "steps": STEPS, "batch": BATCH, "out": str(out)})
+    agents = []
+    for node in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port,
+               str(HERE / "shard_group_workers.py"), args]
+        agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    logs = []
+    for a in agents:
+        try:
+            log, _ = a.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            for b in agents:
+                b.kill()
+            raise AssertionError("a torchrun agent did not finish in 900 s")
+        logs.append(log.decode(errors="replace"))
+        assert a.returncode == 0, logs[-1][-4000:]
+    results = []
+    for r in range(4):
+        with open(out / f"rank{r}.pkl", "rb") as f:
+            results.append(pickle.load(f))
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs() -> Dict[str, List[Dict[str, Any]]]:
+    return {"zero": two_nodes("zero", ZERO_RUNS)[0], "deepspeed": two_nodes("deepspeed", DS_RUNS)[0]}
+
+
+def max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> float:
+    """The largest parameter difference over the largest parameter."""
+    scale = max(t.abs().max().item() for t in b.values())
+    return max((a[n] - t).abs().max().item() for n, t in b.items()) / scale
+
+
+def same_bits(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    return all(a[n].view(-1).view(dtype=__import__("torch").int32).equal(t.view(-1).view(dtype=__import__("torch").int32)) for n, t in b.items())
+
+
+def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[str, Any]]]) -> None:
+    z = runs["zero"]
+    flat = {run["stage"]: z[i] for i, run in enumerate(ZERO_RUNS) if is_flat(run)}
+    worst = []
+    for i, run in enumerate(ZERO_RUNS):
+        if is_flat(run):
+            continue
+        ref = flat[run["stage"]]
+        rel = max_rel(z[i]["params"], ref["params"])
+        loss_rel = max(abs(a - b) / abs(b) for a, b in zip(z[i]["losses"], ref["losses"]))
+        print(f"stage {run['stage']} {run['zero']}: parameters {rel:.2g}, losses {loss_rel:.2g} from flat")
+        worst.append((run, rel, loss_rel))
+    for run, rel, loss_rel in worst:
+        # Two rounds of averaging (inside the shard group, then across the replicas) round
+        # differently from one; Adam's first steps (g / (|g| + eps)) turn that rounding,
+        # where the ranks' gradients nearly cancel, into up to ~1e-5 of the parameters
+        # after 20 steps, as test_deepspeed.py measured between DeepSpeed's own stages.
+        assert loss_rel <= 1e-6, (run, loss_rel)
+        assert rel <= 2e-5, (run, rel)
+    assert same_bits(z[2]["params"], z[1]["params"]), "hpZ on shard groups changed bits"
+    assert same_bits(z[3]["params"], z[0]["params"]), "hpZ on the flat layout changed bits"
+
+
+def test_deepspeed_hpz_changes_no_bits_and_zero_follows_deepspeed(runs: Dict[str, List[Dict[str, Any]]]) -> None:
+    ds, z = runs["deepspeed"], runs["zero"]
+    assert same_bits(ds[1]["params"], ds[0]["params"]), "DeepSpeed's hpZ changed its bits"
+    assert ds[1]["losses"] == ds[0]["losses"]
+    for i in range(4):
+        rel = max(abs(a - b) / abs(b) for a, b in zip(z[i]["losses"], ds[0]["losses"]))
+        print(f"zero {ZERO_RUNS[i]}: losses within {rel:.2g} of DeepSpeed's flat stage 3")
+        assert rel <= 1e-5, (ZERO_RUNS[i], rel)
+
+
+def test_comm_report_per_tier_is_the_formula(runs: Dict[str, List[Dict[str, Any]]]) -> None:
+    """Stages 1-2: both tiers equal the formulas to the element. Stage 3: the formulas
+    count two gathers of each bucket per micro-step (the engine's own tests hold them
+    exactly, tests/shard_groups.rs), but with ``stage3_max_reuse_distance: 0`` a bucket that
+    spans several of the Llama's modules is gathered again for each, so the gathers' tier
+    counts more; what crosses nodes with one-node shard groups, the replicas' all-reduce,
+    is exact still."""
+    for i, run in enumerate(ZERO_RUNS):
+        c = runs["zero"][i]["comm"]
+        shard = run["zero"].get("mics_shard_size")
+        hpz = run["zero"].get("zero_hpz_partition_size")
+        print(run, {k: c[k] for k in ("intra_node", "theory_intra_node", "inter_node", "theory_inter_node")})
+        assert c["intra_node"] + c["inter_node"] == c["grad_reduce"] + c["param_gather"], (run, c)
+        if run["stage"] < 3:
+            assert c["intra_node"] == c["theory_intra_node"], (run, c)
+            assert c["inter_node"] == c["theory_inter_node"], (run, c)
+            assert c["grad_reduce"] + c["param_gather"] == c["theory"], (run, c)
+        else:
+            assert c["intra_node"] >= c["theory_intra_node"], (run, c)
+            assert c["inter_node"] >= c["theory_inter_node"], (run, c)
+        if shard == 2:
+            # One node per shard group: only the replica all-reduce leaves the node.
+            assert c["inter_node"] == c["theory_inter_node"], (run, c)
+            assert 0 < c["inter_node"] < c["intra_node"], (run, c)
+        elif not hpz:
+            # Flat over two nodes: everything counts as inter-node.
+            assert c["intra_node"] == 0 and c["inter_node"] > 0, (run, c)

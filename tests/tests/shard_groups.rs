@@ -283,3 +283,49 @@ fn sizes_that_do_not_fit_the_world_are_errors() {
     assert_eq!(cfg.zero.shard_size, None);
     assert!(cfg.notes.iter().any(|n| n.contains("mics_shard_size")));
 }
+
+#[test]
+fn the_memory_report_counts_hpz_pieces() {
+    let seed = seed("hpz memory");
+    let cfg = tiered(&accounting_config(3, 1), Some(2), 2);
+    let data = dataset(seed, 4 * WORLD);
+    let seen = run(cfg, seed, |e| {
+        let before = e.memory_report();
+        // A forward: every module fetched and released; each gathered bucket leaves its piece.
+        for m in 0..3 {
+            e.fetch(m).unwrap();
+            e.release(m).unwrap();
+        }
+        let forward = e.memory_report();
+        e.abandon_pass().unwrap();
+        let abandoned = e.memory_report();
+        train_step(e, &data, 0, None).unwrap();
+        (before, forward, abandoned, e.memory_report())
+    });
+    for (rank, (before, forward, abandoned, after)) in seen.iter().enumerate() {
+        // bf16, every bucket sharded (threshold 0): half of each bucket, 2 bytes each.
+        assert_eq!(before.hpz_secondary, 0, "rank {rank}");
+        assert_eq!(
+            forward.hpz_secondary,
+            forward.padded_numel / 2 * 2,
+            "rank {rank}: {forward:?}"
+        );
+        assert_eq!(
+            forward.device_total() - before.device_total(),
+            forward.hpz_secondary,
+            "rank {rank}: the pieces are all a forward adds at rest"
+        );
+        assert!(
+            forward.device_bound >= forward.device_total(),
+            "rank {rank}"
+        );
+        assert_eq!(
+            abandoned.hpz_secondary, 0,
+            "rank {rank}: dropped with the pass"
+        );
+        assert_eq!(
+            after.hpz_secondary, 0,
+            "rank {rank}: dropped at the micro-step's end"
+        );
+    }
+}

@@ -167,9 +167,9 @@ pub struct Tiered<C: Communicator> {
     layout: Layout,
     shard: C,
     replicas: Option<Arc<Mutex<C>>>,
-    secondary: Option<C>,
+    secondary: Option<Box<C>>,
     /// The world the groups were split from, kept alive while they are used.
-    _world: Option<C>,
+    _world: Option<Box<C>>,
     stats: Cell<TierStats>,
 }
 
@@ -216,14 +216,18 @@ impl<C: Communicator> Tiered<C> {
         )?;
         let r = layout.rank;
         let secondary = if secondary_size > 1 {
-            Some(world.split(r / secondary_size, r)?)
+            Some(Box::new(world.split(r / secondary_size, r)?))
         } else {
             None
         };
         let (shard, replicas, kept) = if shard_size < layout.world {
             let shard = world.split(r / shard_size, r)?;
             let replicas = world.split(r % shard_size, r)?;
-            (shard, Some(Arc::new(Mutex::new(replicas))), Some(world))
+            (
+                shard,
+                Some(Arc::new(Mutex::new(replicas))),
+                Some(Box::new(world)),
+            )
         } else {
             (world, None, None)
         };
@@ -258,7 +262,7 @@ impl<C: Communicator> Tiered<C> {
         &self,
         input: C::Buffer,
         output: C::Buffer,
-    ) -> Result<TieredWork<C, (C::Buffer, C::Buffer)>, CommError> {
+    ) -> Result<TieredWork<C, BufferPair<C>>, CommError> {
         let sec = self
             .secondary
             .as_ref()
@@ -337,6 +341,27 @@ impl<C: Communicator> Tiered<C> {
     }
 }
 
+impl<C: Communicator> Tiered<C> {
+    /// The shard group's reduction `first`, followed (with replicas) by `finish`: the
+    /// all-reduce of its result across the replicas, when it is waited for.
+    fn then_replicas<T: Send + 'static>(
+        &self,
+        first: C::Pending<T>,
+        op: ReduceOp,
+        finish: fn(T, &Mutex<C>, ReduceOp) -> Result<T, CommError>,
+    ) -> TieredWork<C, T> {
+        match &self.replicas {
+            None => TieredWork::Direct(first),
+            Some(reps) => TieredWork::Then {
+                first,
+                replicas: reps.clone(),
+                op,
+                finish,
+            },
+        }
+    }
+}
+
 fn lock<C>(m: &Mutex<C>) -> Result<std::sync::MutexGuard<'_, C>, CommError> {
     m.lock().map_err(|_| CommError::InvalidArgument {
         rank: usize::MAX,
@@ -364,6 +389,9 @@ fn replica_reduce<C: Communicator>(
     let work = lock(reps)?.all_reduce(buf, op)?;
     work.wait()
 }
+
+/// A gather's or reduce-scatter's `(input, output)`, handed back.
+pub type BufferPair<C> = (<C as Communicator>::Buffer, <C as Communicator>::Buffer);
 
 /// A collective of a [`Tiered`] communicator.
 pub enum TieredWork<C: Communicator, T: Send + 'static> {
@@ -435,15 +463,7 @@ impl<C: Communicator> Communicator for Tiered<C> {
             self.book_replicas(&buf, buf.len());
         }
         let first = self.shard.all_reduce(buf, op)?;
-        Ok(match &self.replicas {
-            None => TieredWork::Direct(first),
-            Some(reps) => TieredWork::Then {
-                first,
-                replicas: reps.clone(),
-                op,
-                finish: replica_reduce::<C>,
-            },
-        })
+        Ok(self.then_replicas(first, op, replica_reduce::<C>))
     }
 
     fn reduce_scatter(
@@ -457,15 +477,7 @@ impl<C: Communicator> Communicator for Tiered<C> {
             self.book_replicas(&output, output.len());
         }
         let first = self.shard.reduce_scatter(input, output, op)?;
-        Ok(match &self.replicas {
-            None => TieredWork::Direct(first),
-            Some(reps) => TieredWork::Then {
-                first,
-                replicas: reps.clone(),
-                op,
-                finish: replica_reduce_pair::<C>,
-            },
-        })
+        Ok(self.then_replicas(first, op, replica_reduce_pair::<C>))
     }
 
     fn all_gather(

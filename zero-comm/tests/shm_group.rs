@@ -8,12 +8,12 @@
 
 mod common;
 
-use common::free_port;
+use common::{free_port, line, spawn_shm_rank};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup};
 use zero_kernels::testing::finish_children;
@@ -145,34 +145,7 @@ fn encode(results: &[Vec<u32>]) -> Vec<u8> {
 
 /// Starts rank `rank` of `world` running `case`; `extra` adds or overrides variables.
 fn spawn(case: &str, rank: usize, world: usize, port: u16, extra: &[(&str, String)]) -> Child {
-    let mut c = Command::new(std::env::current_exe().expect("test binary"));
-    c.args([
-        "--ignored",
-        "--exact",
-        "shm_rank",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("ZERO_SHM_CASE", case)
-    .env("ZERO_SHM_WINDOW", "1024")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    for k in zero_comm::launch::LAUNCH_VARIABLES {
-        c.env_remove(k);
-    }
-    for (k, v) in zero_comm::launch::LaunchEnv::local(rank, world, port).vars() {
-        c.env(k, v);
-    }
-    for (k, v) in extra {
-        c.env(k, v);
-    }
-    c.spawn().expect("start a rank")
-}
-
-/// The line a rank printed after `tag`.
-fn line<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| l.find(tag).map(|at| l[at + tag.len()..].trim()))
+    spawn_shm_rank("shm_rank", case, rank, world, port, extra)
 }
 
 /// One rank's side of each scenario, run in a child process.

@@ -579,11 +579,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// This rank in the data-parallel world.
+    #[allow(clippy::misnamed_getters)] // (the field `rank` is the shard group's)
     pub fn rank(&self) -> usize {
         self.dp_rank
     }
 
     /// Number of data-parallel ranks.
+    #[allow(clippy::misnamed_getters)] // (the field `world` is the shard group's)
     pub fn world_size(&self) -> usize {
         self.dp_world
     }

@@ -82,6 +82,9 @@ pub struct MemoryReport {
     pub gathered: usize,
     /// The most gathered at once so far (stage 3).
     pub peak_gathered: usize,
+    /// hpZ's secondary pieces held now (stage 3, `zero_hpz_partition_size` H): this rank's
+    /// `1/H` of each bucket gathered in the micro-step, at most `(Ψ' + Φ')/H` elements.
+    pub hpz_secondary: usize,
     /// Frozen parameters on the device: whole on every rank, except stage 3's frozen
     /// buckets, of which this rank holds its partitions (on the host with
     /// `offload_param`: in `host`).
@@ -138,9 +141,14 @@ impl MemoryReport {
     }
 
     /// Every category held on the device: model states, accumulation buffers, gradient
-    /// staging, gathered buckets and frozen parameters.
+    /// staging, gathered buckets, hpZ's pieces and frozen parameters.
     pub fn device_total(&self) -> usize {
-        self.model_states() + self.grad_accum + self.buckets + self.gathered + self.frozen
+        self.model_states()
+            + self.grad_accum
+            + self.buckets
+            + self.gathered
+            + self.hpz_secondary
+            + self.frozen
     }
 
     /// Model states in every tier: device, host and NVMe (equal to the formula when
@@ -313,6 +321,21 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             .max()
             .unwrap_or(0);
         r.frozen += size(&self.frozen);
+        r.hpz_secondary = self
+            .buckets
+            .iter()
+            .map(|s| opt_size(s.secondary.as_ref()))
+            .sum();
+        // At most every gathered bucket's piece at once (by a micro-step's end).
+        let hpz_most: usize = match self.comm.secondary() {
+            Some((h, size)) => (0..self.plan.buckets.len())
+                .filter(|&b| self.params_sharded(b))
+                .map(|b| {
+                    zero_comm::even_split(self.plan.buckets[b].layout.total_len(), size, h).len()
+                })
+                .sum(),
+            None => 0,
+        };
         r.comm = self.comm.held_bytes();
         r.allocator_used = self.dev.allocator_used();
         r.allocator_peak = self.dev.allocator_peak();
@@ -342,7 +365,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             0
         };
-        r.device_bound = r.device_total() - r.gathered
+        r.device_bound = r.device_total() - r.gathered - r.hpz_secondary
+            + hpz_most * p
             + r.peak_gathered
             + r.peak_gathered / self.world
             + (largest_gathered + step_inputs + stage1_outputs) * p;

@@ -22,6 +22,8 @@ What it does, in order, before ``runpy.run_path(SCRIPT, run_name="__main__")``:
   generator starts from a random seed in every process: a script that seeds nothing
   would otherwise train on other weights and data in each run; different per rank, as
   unseeded processes are). A script's own seeding comes after this and wins.
+- ``ZT_CLIENT_CLOCK=t`` makes ``datetime.datetime.now()`` return the time ``t`` (seconds
+  since the epoch) on every rank, for scripts that name folders after the clock.
 - Loss recording (test instrumentation; nothing in the script or in zero_torch changes):
   * the engine class's ``backward`` is wrapped as soon as its module is imported (a
     ``sys.meta_path`` finder that wraps the loader of ``deepspeed.runtime.engine`` for
@@ -234,6 +236,23 @@ def _write(path: Optional[str]) -> None:
     os.replace(tmp, target)
 
 
+def _freeze_clock(timestamp: float) -> None:
+    """``datetime.datetime.now()`` returns ``timestamp`` on every rank (``ZT_CLIENT_CLOCK``,
+    the test's one value for both): a script that names a folder after the second it
+    reads the clock (HelloDeepSpeed's experiment folder) then names one folder on every
+    rank however far apart the ranks start on a loaded machine."""
+    import datetime
+
+    base = datetime.datetime
+
+    class _Frozen(base):  # type: ignore[misc, valid-type]
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return base.fromtimestamp(timestamp, tz)
+
+    datetime.datetime = _Frozen  # type: ignore[misc]
+
+
 def main() -> None:
     add = os.environ.get("LOCAL_RANK", "0") if os.environ.get("ZT_CLIENT_LOCAL_RANK_ARG") == "1" else None
     sys.argv = script_argv(sys.argv[1:], add)
@@ -247,6 +266,8 @@ def main() -> None:
     _stub_tensorboard()
     if os.environ.get("ZT_CLIENT_SEED"):
         _seed(int(os.environ["ZT_CLIENT_SEED"]))
+    if os.environ.get("ZT_CLIENT_CLOCK"):
+        _freeze_clock(float(os.environ["ZT_CLIENT_CLOCK"]))
     try:
         runpy.run_path(script, run_name="__main__")
     finally:

@@ -352,6 +352,11 @@ def _child_env(record: Path, case: Case, launcher: str) -> Dict[str, str]:
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "target" / "torch-extensions"))
     if case.local_rank_arg and launcher == "torchrun":
         env["ZT_CLIENT_LOCAL_RANK_ARG"] = "1"
+    if case.experiment is not None:
+        # One clock reading for both ranks: the script names its experiment folder after
+        # the second it reads, and ranks started apart on a loaded machine straddled one
+        # three times in a row (CI, 2026-11-29).
+        env["ZT_CLIENT_CLOCK"] = f"{time.time():.0f}"
     return env
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import torch
 
 from conftest import HERE, LAUNCH_VARS, free_port
 
@@ -103,7 +104,8 @@ def max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> float:
 
 
 def same_bits(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
-    return all(a[n].view(-1).view(dtype=__import__("torch").int32).equal(t.view(-1).view(dtype=__import__("torch").int32)) for n, t in b.items())
+    """Whether every parameter of ``a`` has ``b``'s bits."""
+    return all(a[n].view(torch.int32).equal(t.view(torch.int32)) for n, t in b.items())
 
 
 def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[str, Any]]]) -> None:

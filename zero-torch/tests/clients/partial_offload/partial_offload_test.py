@@ -99,7 +99,7 @@ config_dict = {
 }
 #        "initial_scale_power": 15
 args = get_args('/tmp/', config_dict)
-hidden_dim = 4 * 1024
+hidden_dim = 1024
 
 model = SimpleModel(hidden_dim, empty_grad=False)
 

@@ -507,3 +507,14 @@ pub fn with_offload(
     }
     v.to_string()
 }
+
+/// The name libtest gives the test function `name` of the module whose `module_path!()` is
+/// `module_path`: that path without the crate's name (`checkpoint_crash::crash_child` in the
+/// `host` executable), which a test that runs one of its own tests in a child process
+/// (`--exact`) must pass, whichever executable the module is compiled into.
+pub fn test_name(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    }
+}

@@ -5,7 +5,7 @@ to try a multi-node launch on one box (issue 50).
 - zero's shard groups (``mics_shard_size: 2``: one node each) at stages 1-3, and hpZ
   (``zero_hpz_partition_size: 2``) at stage 3: losses within 1e-6 relative of zero's flat
   engine over 20 steps, parameters within 2e-5 of the largest (see the test for why not
-  1e-6 here, where the Rust MLP of tests/shard_groups.rs holds 1e-6); hpZ changes no
+  1e-6 here, where the Rust MLP of tests/tests/host/shard_groups.rs holds 1e-6); hpZ changes no
   arithmetic: the same bits as without it.
 - DeepSpeed 0.19.8 on the same launch: flat and hpZ give the same bits (hpZ changes no
   arithmetic there either), and zero follows DeepSpeed's flat run within
@@ -144,7 +144,7 @@ def test_deepspeed_hpz_changes_no_bits_and_zero_follows_deepspeed(runs: Dict[str
 def test_comm_report_per_tier_is_the_formula(runs: Dict[str, List[Dict[str, Any]]]) -> None:
     """Stages 1-2: both tiers equal the formulas to the element. Stage 3: the formulas
     count two gathers of each bucket per micro-step (the engine's own tests hold them
-    exactly, tests/shard_groups.rs), but with ``stage3_max_reuse_distance: 0`` a bucket that
+    exactly, tests/tests/host/shard_groups.rs), but with ``stage3_max_reuse_distance: 0`` a bucket that
     spans several of the Llama's modules is gathered again for each, so the gathers' tier
     counts more; what crosses nodes with one-node shard groups, the replicas' all-reduce,
     is exact still."""

@@ -16,7 +16,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use zero_runtime::LoadOptions;
-use zero_tests::{dataset, full_params, mlp_config, run_ranks, seed, train_step, MICRO_BATCH};
+use zero_tests::{
+    dataset, full_params, mlp_config, run_ranks, seed, test_name, train_step, MICRO_BATCH,
+};
 
 const WORLD: usize = 2;
 const MAX_STEPS: usize = 400;
@@ -45,17 +47,13 @@ fn snapshot<C: zero_comm::Communicator, D: zero_runtime::Device<Buffer = C::Buff
 
 fn child(mode: &str, dir: &Path) -> Command {
     let mut c = Command::new(std::env::current_exe().expect("test binary"));
-    c.args([
-        "--ignored",
-        "--exact",
-        "crash_child",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("ZERO_CRASH_MODE", mode)
-    .env("ZERO_CRASH_DIR", dir)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    c.args(["--ignored", "--exact"])
+        .arg(test_name(module_path!(), "crash_child"))
+        .args(["--nocapture", "--test-threads=1"])
+        .env("ZERO_CRASH_MODE", mode)
+        .env("ZERO_CRASH_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     c
 }
 
@@ -230,8 +228,9 @@ fn a_full_disk_fails_the_save_and_keeps_latest() {
     let mut c = Command::new("bash");
     c.arg("-c")
         .arg(format!(
-            "trap '' XFSZ; exec prlimit --fsize=4096 {} --ignored --exact crash_child --nocapture --test-threads=1",
-            exe.display()
+            "trap '' XFSZ; exec prlimit --fsize=4096 {} --ignored --exact {} --nocapture --test-threads=1",
+            exe.display(),
+            test_name(module_path!(), "crash_child")
         ))
         .env("ZERO_CRASH_MODE", "full")
         .env("ZERO_CRASH_DIR", &dir);

@@ -3,7 +3,8 @@
 //! and bf16 with non-finite values — the same bits as `HostGroup` at the same world size —
 //! and its failures: a rank killed with SIGKILL mid-collective, a mismatch, a bad argument,
 //! a rank that leaves, a rank that stops, and start-ups with another world size or another
-//! job. Each rank is this test binary again (`shm_rank`), launched with the variables
+//! job; and the segment handed out by an id exchange of the caller's instead of zero's
+//! rendezvous (`ShmGroup::init_with`, as zero_torch does through torch's store). Each rank is this test binary again (`shm_rank`), launched with the variables
 //! torchrun sets; every wait is bounded and every child is killed on overrun.
 
 mod common;
@@ -15,9 +16,53 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
+use zero_comm::launch::{BootstrapError, IdExchange, LaunchEnv};
 use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup};
 use zero_kernels::testing::finish_children;
 use zero_kernels::{DType, Element};
+
+/// An id exchange that is not zero's rendezvous, as a framework's store is: rank 0 writes
+/// the id to a file in a folder, the others wait for it until the timeout. A rank 0 run
+/// with `ZERO_SHM_WITHHOLD=1` never writes it.
+struct FileExchange(std::path::PathBuf);
+
+impl IdExchange for FileExchange {
+    fn exchange(
+        &mut self,
+        env: &LaunchEnv,
+        id: Option<[u8; 128]>,
+        timeout: Duration,
+    ) -> Result<[u8; 128], BootstrapError> {
+        let error = |reason: String| BootstrapError::Exchange {
+            via: "a file".into(),
+            rank: env.rank,
+            world: env.world_size,
+            reason,
+        };
+        let path = self.0.join("id");
+        if let Some(id) = id {
+            if std::env::var("ZERO_SHM_WITHHOLD").is_err() {
+                let part = self.0.join("id.part");
+                std::fs::write(&part, id)
+                    .and_then(|_| std::fs::rename(&part, &path))
+                    .map_err(|e| error(e.to_string()))?;
+            }
+            return Ok(id);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(b) = std::fs::read(&path) {
+                return b
+                    .try_into()
+                    .map_err(|b: Vec<u8>| error(format!("{} bytes, not 128", b.len())));
+            }
+            if Instant::now() >= deadline {
+                return Err(error(format!("rank 0 wrote no id in {timeout:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
 
 /// One collective of the equivalence sweep.
 #[derive(Debug, Clone, Copy)]
@@ -161,7 +206,16 @@ fn shm_rank() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(30),
     );
-    let comm = match ShmGroup::from_env(timeout) {
+    let joined = match std::env::var("ZERO_SHM_EXCHANGE_DIR") {
+        Ok(dir) => LaunchEnv::from_env()
+            .map_err(|e| e.to_string())
+            .and_then(|env| {
+                let mut via = FileExchange(dir.into());
+                ShmGroup::init_with(&env, timeout, &mut via).map_err(|e| e.to_string())
+            }),
+        Err(_) => ShmGroup::from_env(timeout).map_err(|e| e.to_string()),
+    };
+    let comm = match joined {
         Ok(c) => c,
         Err(e) => {
             println!("START ERROR {e}");
@@ -450,4 +504,43 @@ fn start_up_refuses_another_world_size_or_another_job_naming_both() {
             "rank {r}: {msg}"
         );
     }
+}
+
+#[test]
+fn an_id_exchange_of_the_callers_replaces_the_rendezvous_and_its_port() {
+    // The rendezvous port is held here, so zero's own rendezvous could not listen on it:
+    // the group starts through the file exchange alone.
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let world = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [("ZERO_SHM_EXCHANGE_DIR", dir.path().display().to_string())];
+    let children: Vec<Child> = (0..world)
+        .map(|r| spawn("plain", r, world, port, &extra))
+        .collect();
+    for (r, (text, ok)) in finish_children(children, Instant::now() + Duration::from_secs(60))
+        .iter()
+        .enumerate()
+    {
+        assert!(
+            *ok && line(text, "RESULT").is_some_and(|l| l == "ok"),
+            "rank {r}:\n{text}"
+        );
+    }
+    // Rank 0 withholds the id: every other rank fails at its timeout, naming the exchange.
+    let dir = tempfile::tempdir().unwrap();
+    let mut extra = vec![
+        ("ZERO_SHM_EXCHANGE_DIR", dir.path().display().to_string()),
+        ("ZERO_SHM_TIMEOUT", "2".to_string()),
+    ];
+    let rank1 = spawn("plain", 1, 2, port, &extra);
+    extra.push(("ZERO_SHM_WITHHOLD", "1".to_string()));
+    let rank0 = spawn("plain", 0, 2, port, &extra);
+    let outs = finish_children(vec![rank0, rank1], Instant::now() + Duration::from_secs(60));
+    let msg = line(&outs[1].0, "START ERROR").unwrap_or_else(|| panic!("{}", outs[1].0));
+    assert!(
+        msg.contains("through a file (rank 1 of 2)") && msg.contains("rank 0 wrote no id"),
+        "{msg}"
+    );
+    drop(held);
 }

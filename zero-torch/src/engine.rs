@@ -9,6 +9,7 @@
 //! ordered with it by events in both directions.
 
 use crate::errors::{to_py, ZeroError};
+use crate::exchange::PyExchange;
 use crate::results::{
     CommReport, ExternalPiece, HfLoad, LaunchInfo, MemoryReport, StepCounts, StepOutcome,
 };
@@ -136,8 +137,11 @@ impl NativeEngine {
     /// takes every parameter's initial value from rank 0's tensors (CPU tensors, whatever
     /// the device) and builds the engine on `device`: `"cpu"` (one process per rank over
     /// shared memory), `"cuda:N"` (GPU `N`, NCCL) or `"cuda"` (the local rank's GPU).
+    /// `id_exchange(id, timeout_s)` hands rank 0's id to every rank (torch's store:
+    /// `_dist.id_exchange`); without it zero's own rendezvous does, on the port the
+    /// launcher's variables imply.
     #[new]
-    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", rendezvous_port=None))]
+    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", id_exchange=None))]
     fn new(
         py: Python<'_>,
         config_json: &str,
@@ -145,15 +149,16 @@ impl NativeEngine {
         values: Vec<Vec<Bound<'_, PyAny>>>,
         timeout_s: f64,
         device: &str,
-        rendezvous_port: Option<u16>,
+        id_exchange: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let model = Model::read(modules, &values)?;
-        let env = start::launch_env_at(rendezvous_port)?;
+        let env = start::launch_env()?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
+        let exchange = id_exchange.map(|f| PyExchange::new(f, "torch's store"));
         let inner = match start::Placement::parse(device)? {
-            start::Placement::Cpu => start::host(py, &env, config_json, model, timeout)?,
+            start::Placement::Cpu => start::host(py, &env, config_json, model, timeout, exchange)?,
             start::Placement::Cuda(ordinal) => {
-                start::cuda(py, &env, config_json, model, timeout, ordinal)?
+                start::cuda(py, &env, config_json, model, timeout, ordinal, exchange)?
             }
         };
         let dtype = with_engine!(&inner, e => e.dtype());

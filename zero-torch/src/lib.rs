@@ -5,6 +5,7 @@ mod checkpoint;
 mod cuda_tensors;
 mod engine;
 mod errors;
+mod exchange;
 mod host_memory;
 mod resolved;
 mod results;

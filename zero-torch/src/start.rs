@@ -5,6 +5,7 @@
 //! reads each rank's tensors.
 
 use crate::errors::{comm_to_py, device_to_py, to_py, ZeroError};
+use crate::exchange::PyExchange;
 use crate::tensors;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -31,18 +32,6 @@ pub enum Inner {
 /// whether each is trained, the other full names of each (tied weights), and its
 /// optimizer parameter group.
 pub type ModuleArg = (String, Vec<(String, Vec<usize>, bool, Vec<String>, usize)>);
-
-/// The launcher's description of this process, or a world of one; `port` (chosen by
-/// rank 0 and handed to every rank through torch's process group) replaces the
-/// rendezvous port the launcher's variables imply, so zero's rendezvous never meets
-/// torch's store on `MASTER_PORT`.
-pub fn launch_env_at(port: Option<u16>) -> PyResult<LaunchEnv> {
-    let mut env = launch_env()?;
-    if let Some(p) = port {
-        env.port = p;
-    }
-    Ok(env)
-}
 
 /// The launcher's description of this process, or a world of one.
 pub fn launch_env() -> PyResult<LaunchEnv> {
@@ -166,16 +155,21 @@ fn read_config(config_json: &str, world: usize) -> PyResult<ZeroConfig> {
         .map_err(|e| crate::errors::ConfigError::new_err(e.to_string()))
 }
 
-/// Joins the job on the CPU and builds the host engine.
+/// Joins the job on the CPU and builds the host engine; the segment is handed out through
+/// `exchange` (torch's store), else zero's rendezvous.
 pub fn host(
     py: Python<'_>,
     env: &LaunchEnv,
     config_json: &str,
     model: Model<'_, '_>,
     timeout: Duration,
+    exchange: Option<PyExchange>,
 ) -> PyResult<Inner> {
     let comm = py
-        .detach(|| ShmGroup::init(env, timeout))
+        .detach(|| match exchange {
+            Some(mut via) => ShmGroup::init_with(env, timeout, &mut via),
+            None => ShmGroup::init(env, timeout),
+        })
         .map_err(comm_to_py)?;
     let mut cfg = read_config(config_json, comm.world_size())?;
     cfg.ranks_per_node = env.local_world_size;
@@ -213,7 +207,8 @@ impl Placement {
 }
 
 /// Joins the job on this process's GPU (`ordinal`, else the one visible, else the local
-/// rank's) over NCCL and builds the GPU engine.
+/// rank's) over NCCL and builds the GPU engine; NCCL's unique id is handed out through
+/// `exchange` (torch's store), else zero's rendezvous.
 pub fn cuda(
     py: Python<'_>,
     env: &LaunchEnv,
@@ -221,6 +216,7 @@ pub fn cuda(
     model: Model<'_, '_>,
     timeout: Duration,
     ordinal: Option<usize>,
+    exchange: Option<PyExchange>,
 ) -> PyResult<Inner> {
     // The GPU first: no driver (or no GPU) is a DeviceError naming it, before NCCL, which
     // then uses the GPU opened here.
@@ -242,7 +238,10 @@ pub fn cuda(
         })
     })));
     let comm = py
-        .detach(|| NcclComm::init(env, timeout))
+        .detach(|| match exchange {
+            Some(mut via) => NcclComm::init_with(env, timeout, &mut via),
+            None => NcclComm::init(env, timeout),
+        })
         .map_err(comm_to_py)?;
     let mut cfg = read_config(config_json, comm.world_size())?;
     cfg.ranks_per_node = env.local_world_size;

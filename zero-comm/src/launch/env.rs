@@ -59,6 +59,19 @@ pub enum BootstrapError {
         /// What went wrong.
         reason: String,
     },
+    /// An [`IdExchange`](super::IdExchange) other than zero's rendezvous (a framework's
+    /// store) did not hand out rank 0's id.
+    #[error("handing out rank 0's id through {via} (rank {rank} of {world}): {reason}")]
+    Exchange {
+        /// What carried the id: "torch's store", say.
+        via: String,
+        /// This rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Which launcher's variables gave the rank.

@@ -18,8 +18,7 @@
 //! divide by the world size, the pieces are staged through padded buffers. Results are
 //! NCCL's (its summation order, its `Max`), not bit-identical to the host group's.
 
-use crate::launch::rendezvous;
-use crate::launch::LaunchEnv;
+use crate::launch::{IdExchange, LaunchEnv, TcpRendezvous};
 use crate::op::{even_split, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use std::cell::Cell;
@@ -193,6 +192,16 @@ impl NcclComm {
     /// [`Gpu::open_ordinal`]), else the one `env.local_rank` picks (see [`Gpu::open`]), not
     /// the process environment's.
     pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<Self, CommError> {
+        Self::init_with(env, timeout, &mut TcpRendezvous)
+    }
+
+    /// [`init`](Self::init) with the unique id handed out through `exchange` instead of
+    /// zero's rendezvous (a framework's store: no port of zero's is opened).
+    pub fn init_with(
+        env: &LaunchEnv,
+        timeout: Duration,
+        exchange: &mut dyn IdExchange,
+    ) -> Result<Self, CommError> {
         let nccl = Nccl::get().map_err(|e| init_error(e.to_string()))?;
         if let Ok(v) = nccl.version() {
             eprintln!(
@@ -214,7 +223,9 @@ impl NcclComm {
         } else {
             None
         };
-        let id = rendezvous(env, id, timeout).map_err(|e| init_error(e.to_string()))?;
+        let id = exchange
+            .exchange(env, id, timeout)
+            .map_err(|e| init_error(e.to_string()))?;
         // NCCL uses the calling thread's current device.
         stream
             .cuda()

@@ -20,7 +20,7 @@ pub(crate) mod setup;
 mod watch;
 
 use crate::buffer::HostBuffer;
-use crate::launch::LaunchEnv;
+use crate::launch::{IdExchange, LaunchEnv, TcpRendezvous};
 use crate::op::{Issued, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use collective::{Run, ShmElement};
@@ -50,7 +50,17 @@ impl ShmGroup {
     /// `env.addr()` checks every rank (world size, job) and hands out where it is, and
     /// every rank maps it and passes a first barrier in it, all within `timeout`.
     pub fn init(env: &LaunchEnv, timeout: Duration) -> Result<ShmComm, CommError> {
-        let seg = Arc::new(setup::connect(env, timeout)?);
+        Self::init_with(env, timeout, &mut TcpRendezvous)
+    }
+
+    /// [`init`](Self::init) with where the segment is handed out through `exchange`
+    /// instead of zero's rendezvous (a framework's store: no port of zero's is opened).
+    pub fn init_with(
+        env: &LaunchEnv,
+        timeout: Duration,
+        exchange: &mut dyn IdExchange,
+    ) -> Result<ShmComm, CommError> {
+        let seg = Arc::new(setup::connect(env, timeout, exchange)?);
         ShmComm::start(seg, env.rank, env.world_size, timeout)
     }
 }

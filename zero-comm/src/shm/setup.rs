@@ -2,9 +2,10 @@
 //!
 //! 1. Rank 0 creates the segment (a `memfd`: no name in `/dev/shm`, nothing to leak) and
 //!    listens on an abstract Unix socket named after a fresh random nonce (no file either).
-//! 2. The TCP rendezvous ([`crate::launch::rendezvous`](mod@crate::launch::rendezvous))
-//!    hands every rank the nonce; it refuses a rank launched with another world size or
-//!    of another job, naming both.
+//! 2. An [`IdExchange`] hands every rank the nonce: zero's TCP rendezvous
+//!    ([`crate::launch::rendezvous`](mod@crate::launch::rendezvous)), which refuses a rank
+//!    launched with another world size or of another job, naming both; or a framework's
+//!    (torch's store under zero_torch).
 //! 3. Each other rank connects to rank 0's socket, says who it is, and receives the
 //!    segment's descriptor (`SCM_RIGHTS`). A rank on another machine (or network
 //!    namespace) cannot reach the socket: that is an error saying every rank must run on
@@ -15,7 +16,7 @@
 //! knew the nonce: another job on the same machine never sees it.
 
 use super::segment::{segment_bytes, Segment};
-use crate::launch::{rendezvous, LaunchEnv};
+use crate::launch::{IdExchange, LaunchEnv};
 use crate::CommError;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -79,8 +80,13 @@ fn remaining(deadline: Instant) -> Option<Duration> {
         .filter(|d| !d.is_zero())
 }
 
-/// Maps the job's segment on every rank (see the module docs).
-pub(crate) fn connect(env: &LaunchEnv, timeout: Duration) -> Result<Segment, CommError> {
+/// Maps the job's segment on every rank (see the module docs), the nonce handed out by
+/// `exchange`.
+pub(crate) fn connect(
+    env: &LaunchEnv,
+    timeout: Duration,
+    exchange: &mut dyn IdExchange,
+) -> Result<Segment, CommError> {
     let world = env.world_size;
     // Launchers that say the ranks span nodes (two torchrun agents, `--nnodes 2`) are
     // served when the nodes are one machine, as trying a multi-node launch on one box
@@ -92,13 +98,17 @@ pub(crate) fn connect(env: &LaunchEnv, timeout: Duration) -> Result<Segment, Com
         let (seg, fd, listener) = create(world, window, &nonce)?;
         let mut id = [0u8; crate::launch::rendezvous::ID_BYTES];
         id[..16].copy_from_slice(&nonce);
-        rendezvous(env, Some(id), timeout).map_err(|e| startup_error(e.to_string()))?;
+        exchange
+            .exchange(env, Some(id), timeout)
+            .map_err(|e| startup_error(e.to_string()))?;
         if let Some(l) = listener {
             hand_out(&l, fd.as_fd(), world, deadline)?;
         }
         Ok(seg)
     } else {
-        let id = rendezvous(env, None, timeout).map_err(|e| startup_error(e.to_string()))?;
+        let id = exchange
+            .exchange(env, None, timeout)
+            .map_err(|e| startup_error(e.to_string()))?;
         let seg = receive(env.rank, world, &env.master_addr, &id[..16], deadline)?;
         Ok(seg)
     }

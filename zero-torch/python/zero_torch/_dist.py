@@ -6,9 +6,9 @@ group, so scripts can call ``torch.distributed.barrier()`` or build a
 own group: shared memory on the CPU, NCCL on GPUs), but zero creates it too, and uses it
 for small host-side things: rank 0's initial parameters and buffers reach every rank,
 ``GatheredParameters`` before an engine exists (transformers' ZeRO-3 loading: a broadcast,
-or the shards of ``_lazy_shards``), every rank's word on whether a block failed, and the
-port of zero's own rendezvous (so it never collides with torch's store on
-``MASTER_PORT``); ``deepspeed.comm`` delegates the script's own collectives to it.
+or the shards of ``_lazy_shards``), every rank's word on whether a block failed, and its
+store hands the engine's ranks rank 0's id (:func:`id_exchange`: zero opens no port of
+its own); ``deepspeed.comm`` delegates the script's own collectives to it.
 
 NCCL's rule: its groups serve CUDA tensors only (a CPU tensor is an error, at world size 2
 and above). zero's host-side tensors are CPU tensors, so they never go through a group
@@ -26,7 +26,7 @@ import datetime
 import os
 import socket
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -211,16 +211,41 @@ def host_group() -> Any:
     return _HOST_GROUP[0]
 
 
-def agree_rendezvous_port() -> Optional[int]:
-    """A port for zero's own rendezvous, chosen by rank 0 (free on its host) and
-    broadcast over torch's default group: zero's rendezvous then never competes with
-    torch's store for ``MASTER_PORT`` (the ``deepspeed`` launcher gives none of its own).
-    ``None`` in a world of one, where zero needs no rendezvous."""
+IdExchange = Callable[[Optional[bytes], float], bytes]
+"""``exchange(id, timeout_s)``: rank 0 passes its id (bytes), the others ``None``; every
+rank gets rank 0's id back, or an exception within ``timeout_s`` seconds."""
+
+_EXCHANGES = [0]
+"""How many engines :func:`id_exchange` has served in this process (each gets its own key)."""
+
+
+def id_exchange() -> Optional[IdExchange]:
+    """How this engine's ranks hand each other rank 0's id (the shared-memory group's
+    nonce, NCCL's unique id): through torch's store, the one torch's default group was
+    made with, so zero opens no port of its own beside torch's (``torch.distributed``
+    users meet one rendezvous, the launcher's). ``None`` in a world of one or without
+    torch's group: then zero's own rendezvous runs, on the port the launcher's variables
+    imply (``MASTER_PORT + 1`` under torchrun). No collective: every rank calls this once
+    per engine, in the same order (the key counts engines); rank 0 sets the key, the others
+    wait for it until the timeout, so a rank 0 that never comes is an error naming the key."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
-    box: List[Optional[int]] = [_free_port() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0, group=host_group())
-    return box[0]
+    _EXCHANGES[0] += 1
+    key = f"zero_torch/engine/{_EXCHANGES[0]}/id"
+    store = dist.distributed_c10d._get_default_store()
+
+    def exchange(id: Optional[bytes], timeout_s: float) -> bytes:
+        if id is not None:
+            store.set(key, id)
+            return id
+        try:
+            store.wait([key], datetime.timedelta(seconds=timeout_s))
+        except Exception as e:  # torch's DistStoreError (a timeout), or the store gone
+            raise CommError(f"rank 0 did not publish {key!r} in torch's store within {timeout_s:.0f} s "
+                            f"(is rank 0 alive, and building the same engine?): {e}") from e
+        return store.get(key)
+
+    return exchange
 
 
 def broadcast_text(text: str) -> str:

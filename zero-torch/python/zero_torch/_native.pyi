@@ -9,7 +9,7 @@ the engine's order, its ``k``-th parameter); tensors cross as DLPack capsules or
 read in place; results come back as the frozen classes below (each with ``as_dict()``),
 and checkpoint summaries as JSON text."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 class ZeroError(RuntimeError): ...
 class ConfigError(ZeroError): ...
@@ -171,7 +171,7 @@ class NativeEngine:
         values: Sequence[Sequence[Any]],
         timeout_s: float = 300.0,
         device: str = "cpu",
-        rendezvous_port: Optional[int] = None,
+        id_exchange: Optional[Callable[[Optional[bytes], float], bytes]] = None,
     ) -> "NativeEngine": ...
     @property
     def rank(self) -> int: ...

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, TYPE_CHECKING, Tuple, Union
 
 import torch
 
-from . import _hooks, _lazy_init, _native, _param_protocol, _placeholder
+from . import _dist, _hooks, _lazy_init, _native, _param_protocol, _placeholder
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hf import HfCheckpointMethods
@@ -43,7 +43,6 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         plan: Optional[Plan] = None,
         lr_scheduler: Any = None,
         timeout_s: float = 300.0,
-        rendezvous_port: Optional[int] = None,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -90,7 +89,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             torch.cuda.set_device(self.device)
         self.module = model
         self._timeout_s = timeout_s
-        self._rendezvous_port = rendezvous_port
+        # Taken now, in the order every rank builds its engines: rank 0's id reaches the
+        # others through torch's store under this engine's own key (_dist.id_exchange).
+        self._id_exchange = _dist.id_exchange()
         self._plan = plan if plan is not None else Plan(kind="none", basic=None)
         self.client_lr_scheduler = lr_scheduler
         """A scheduler given to ``initialize``. What ``step()`` steps is
@@ -176,7 +177,7 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         try:
             native = _native.NativeEngine(
                 json.dumps(self._native_config), modules, values, self._timeout_s, str(self.device),
-                self._rendezvous_port
+                self._id_exchange
             )
         finally:
             fill.release()

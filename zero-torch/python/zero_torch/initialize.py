@@ -149,7 +149,6 @@ def initialize(
         resolved,
         plan=plan,
         lr_scheduler=scheduler,
-        rendezvous_port=_dist.agree_rendezvous_port(),
     )
     if resolved.offload_optimizer_partial:
         # DeepSpeed's stage-3 partial offload draws one number from torch's generator for

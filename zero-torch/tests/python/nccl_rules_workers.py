@@ -3,7 +3,7 @@ or ``nccl_rules.NAME``, which refuses CPU tensors as NCCL does), for
 ``test_nccl_rules.py``: one process per rank, a tiny GPT-2 seeded per rank, through the
 compat line. Every path that crosses torch's group on zero's behalf runs:
 ``GatheredParameters(modifier_rank=0)`` before an engine exists (a broadcast),
-``initialize`` (rank 0's model to every rank, the rendezvous port), training,
+``initialize`` (rank 0's model to every rank; rank 0's id through torch's store), training,
 ``GatheredParameters(modifier_rank=0)`` after, ``save_checkpoint``/``load_checkpoint``,
 ``save_hf_checkpoint`` (every rank's word on the write), the consolidated 16-bit state
 dict, and transformers' ZeRO-3 loading (``HfDeepSpeedConfig`` + ``from_pretrained``,

@@ -1,8 +1,9 @@
 """zero_torch under every launcher's variables, with torch's process group beside zero's
 own: ``initialize`` creates torch's default group when the script has none (as DeepSpeed's
-does), reuses the script's when it has one, and zero's rendezvous never collides with
-torch's store on ``MASTER_PORT`` (under the ``deepspeed`` launcher nothing else serves it).
-Each case runs 2 real processes that train two steps and check the group works."""
+does), reuses the script's when it has one, and the engine's ranks get rank 0's id
+through torch's store, so zero opens no port beside torch's store on ``MASTER_PORT``
+(under the ``deepspeed`` launcher nothing else serves it). Each case runs 2 real
+processes that train two steps and check the group works."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -91,3 +92,44 @@ def test_torchs_group_and_zeros_rendezvous_side_by_side(launcher: str, mode: str
     for r in results:
         assert r["world"] == 2 and r["zero_world"] == 2 and r["sum"] == 3.0, r
         assert r["backend"] == "gloo", r
+
+
+def store_exchange(withhold: bool) -> Dict[str, object]:
+    """One rank of ``test_rank_zeros_id_goes_through_torchs_store`` (run by ``job``)."""
+    import time
+
+    import torch.distributed as dist
+
+    from zero_torch import _dist
+
+    dist.init_process_group("gloo")
+    first, second = _dist.id_exchange(), _dist.id_exchange()
+    assert first is not None and second is not None
+    if dist.get_rank() == 0:
+        if withhold:
+            time.sleep(6)
+            return {}
+        # The second engine's id is published first: each engine has its own key.
+        return {"second": second(bytes([2, 0]) * 64, 30.0).hex(), "first": first(bytes([1, 0]) * 64, 30.0).hex()}
+    started = time.time()
+    try:
+        return {"first": first(None, 2.0 if withhold else 30.0).hex(), "second": second(None, 30.0).hex()}
+    except Exception as e:
+        return {"raised": type(e).__name__, "text": str(e), "after_s": time.time() - started}
+
+
+@pytest.mark.parametrize("withhold", [False, True])
+def test_rank_zeros_id_goes_through_torchs_store(job: Any, withhold: bool) -> None:
+    """Where torch's group exists, the engine's ranks get rank 0's id (the shared-memory
+    group's nonce, NCCL's unique id) through torch's store, one key per engine, instead of a
+    port of zero's own; a rank 0 that never publishes it is an error naming the key on
+    every other rank within the timeout."""
+    results = job(2, "test_launchers.store_exchange", {"withhold": withhold})
+    if not withhold:
+        for r in results:
+            assert r == {"first": (bytes([1, 0]) * 64).hex(), "second": (bytes([2, 0]) * 64).hex()}, r
+        return
+    r = results[1]
+    assert r.get("raised") == "CommError", r
+    assert "rank 0 did not publish 'zero_torch/engine/1/id' in torch's store within 2 s" in r["text"], r
+    assert r["after_s"] < 5.0, r

@@ -2,7 +2,7 @@
 
 torch's NCCL backend serves CUDA tensors only; zero's host-side collectives (rank 0's
 model to every rank, ``GatheredParameters`` before an engine, transformers' ZeRO-3 loading,
-every rank's word on a save, the rendezvous port) move CPU tensors and pickled objects,
+every rank's word on a save) move CPU tensors and pickled objects,
 so they must never cross a group that is not gloo. Without GPUs, ``nccl_rules.py``'s
 backend keeps the rule: gloo registered for CUDA only, so every CPU tensor sent over it
 fails as over NCCL. ``nccl_rules_workers.run`` drives each such path of zero_torch under it
@@ -11,9 +11,10 @@ before these paths broadcast CPU tensors over torch's default group.
 
 Checked by reading, the call sites of ``torch.distributed`` in zero_torch (2026-11-28):
 ``_dist.broadcast_tensors`` (``broadcast_model``, ``GatheredParameters`` before an engine),
-``_dist.failed_ranks``, ``_dist.agree_rendezvous_port``, ``_dist.broadcast_text``
+``_dist.failed_ranks``, ``_dist.broadcast_text``
 (``save_hf_checkpoint``'s agreement) and ``_lazy_shards.gather``/``keep_shards`` use
-``_dist.host_group()``; ``comm.py`` (``deepspeed.comm``) hands the script's own tensors to
+``_dist.host_group()`` (``_dist.id_exchange``, the engine's start-up, uses torch's store, no
+collective); ``comm.py`` (``deepspeed.comm``) hands the script's own tensors to
 torch as DeepSpeed does (the script chose their device); the engine's collectives
 (gradient reductions, gathers, the checkpoint agreement, the shared-memory and NCCL
 groups) are zero's own communicator, never torch's group (on a GPU the stand-in checks

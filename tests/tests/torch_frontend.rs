@@ -53,8 +53,10 @@ fn run(cmd: &mut Command, limit: Duration) -> bool {
 /// The test files run in a second pytest process beside the rest of the suite: the client
 /// suite, about 45% of the suite's time. Most tests start 2-process jobs whose ranks and
 /// launchers spend seconds importing torch, DeepSpeed and transformers one core at a time,
-/// so one pytest process kept 2 cores about 1.6 busy (2026-12-01, 2 cores); two side by
-/// side fill them. Nothing is shared between them but DeepSpeed's JIT-built ops
+/// so one pytest process kept 2 cores about 1.6 busy (2026-12-01, 2 cores). Side by side
+/// the suite took 35 min against the serial one's expected 36.5 (docs/BENCHMARKS.md, CI
+/// time 2026-12-02): it is mostly CPU-bound, and each shard's tests run about half as
+/// fast. Nothing is shared between them but DeepSpeed's JIT-built ops
 /// (`TORCH_EXTENSIONS_DIR`, which torch builds under a lock) and free ports (each job asks
 /// the kernel for one). `ZERO_TORCH_SUITE_SERIAL=1` runs the whole suite in one process.
 const APART: &[&str] = &["test_clients.py"];

@@ -5,7 +5,7 @@
 //! visible skip, unless `ZERO_REQUIRE_TORCH=1` (CI) makes it a failure.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
@@ -36,15 +36,25 @@ fn run(cmd: &mut Command, limit: Duration) -> bool {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("waiting for a child") {
-            return status.success();
-        }
-        if start.elapsed() > limit {
+    match ended_by(&mut child, Instant::now() + limit) {
+        Some(ok) => ok,
+        None => {
             let _ = child.kill();
             let _ = child.wait();
             panic!("{cmd:?} did not finish in {limit:?}");
+        }
+    }
+}
+
+/// Whether `child` succeeded, once it has ended; `None` if it is still running at
+/// `deadline`.
+fn ended_by(child: &mut Child, deadline: Instant) -> Option<bool> {
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for a child") {
+            return Some(status.success());
+        }
+        if Instant::now() > deadline {
+            return None;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -76,17 +86,11 @@ fn side_by_side(mut live: Command, mut logged: Command, log: &Path, limit: Durat
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {live:?}: {e}"));
-    let start = Instant::now();
-    let done = |c: &mut std::process::Child| loop {
-        if let Some(status) = c.try_wait().expect("waiting for a child") {
-            return Some(status.success());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let (a, b) = (done(&mut first), done(&mut second));
+    let deadline = Instant::now() + limit;
+    let (a, b) = (
+        ended_by(&mut first, deadline),
+        ended_by(&mut second, deadline),
+    );
     if a.is_none() || b.is_none() {
         for c in [&mut first, &mut second] {
             let _ = c.kill();

@@ -4,8 +4,9 @@
 //! and its failures: a rank killed with SIGKILL mid-collective, a mismatch, a bad argument,
 //! a rank that leaves, a rank that stops, and start-ups with another world size or another
 //! job; and the segment handed out by an id exchange of the caller's instead of zero's
-//! rendezvous (`ShmGroup::init_with`, as zero_torch does through torch's store). Each rank is this test binary again (`shm_rank`), launched with the variables
-//! torchrun sets; every wait is bounded and every child is killed on overrun.
+//! rendezvous (`ShmGroup::init_with`, as zero_torch does through torch's store). Each
+//! rank is this test binary again (`shm_rank`), launched with the variables torchrun
+//! sets; every wait is bounded and every child is killed on overrun.
 
 mod common;
 
@@ -16,6 +17,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
+use zero_comm::launch::rendezvous::ID_BYTES;
 use zero_comm::launch::{BootstrapError, IdExchange, LaunchEnv};
 use zero_comm::{even_split, Communicator, Completion, HostBuffer, HostGroup, ReduceOp, ShmGroup};
 use zero_kernels::testing::finish_children;
@@ -30,15 +32,10 @@ impl IdExchange for FileExchange {
     fn exchange(
         &mut self,
         env: &LaunchEnv,
-        id: Option<[u8; 128]>,
+        id: Option<[u8; ID_BYTES]>,
         timeout: Duration,
-    ) -> Result<[u8; 128], BootstrapError> {
-        let error = |reason: String| BootstrapError::Exchange {
-            via: "a file".into(),
-            rank: env.rank,
-            world: env.world_size,
-            reason,
-        };
+    ) -> Result<[u8; ID_BYTES], BootstrapError> {
+        let error = |reason: String| env.exchange_error("a file", reason);
         let path = self.0.join("id");
         if let Some(id) = id {
             if std::env::var("ZERO_SHM_WITHHOLD").is_err() {
@@ -54,7 +51,7 @@ impl IdExchange for FileExchange {
             if let Ok(b) = std::fs::read(&path) {
                 return b
                     .try_into()
-                    .map_err(|b: Vec<u8>| error(format!("{} bytes, not 128", b.len())));
+                    .map_err(|b: Vec<u8>| error(format!("{} bytes, not {ID_BYTES}", b.len())));
             }
             if Instant::now() >= deadline {
                 return Err(error(format!("rank 0 wrote no id in {timeout:?}")));

@@ -30,12 +30,7 @@ impl IdExchange for PyExchange {
         id: Option<[u8; ID_BYTES]>,
         timeout: Duration,
     ) -> Result<[u8; ID_BYTES], BootstrapError> {
-        let error = |reason: String| BootstrapError::Exchange {
-            via: self.via.to_string(),
-            rank: env.rank,
-            world: env.world_size,
-            reason,
-        };
+        let error = |reason: String| env.exchange_error(self.via, reason);
         // Called with the GIL released (the group starts detached): take it for the call.
         let got: Result<Vec<u8>, String> = Python::attach(|py| {
             let arg = id.map(|id| PyBytes::new(py, &id));

@@ -372,6 +372,21 @@ impl LaunchEnv {
         format!("{}:{}", self.master_addr, self.port)
     }
 
+    /// This rank's [`BootstrapError::Exchange`]: an [`IdExchange`](super::IdExchange) other
+    /// than zero's rendezvous (`via` names it) did not hand out rank 0's id.
+    pub fn exchange_error(
+        &self,
+        via: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> BootstrapError {
+        BootstrapError::Exchange {
+            via: via.into(),
+            rank: self.rank,
+            world: self.world_size,
+            reason: reason.into(),
+        }
+    }
+
     pub(crate) fn error(&self, reason: impl Into<String>) -> BootstrapError {
         BootstrapError::Rendezvous {
             addr: self.addr(),

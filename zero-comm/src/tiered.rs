@@ -14,6 +14,8 @@
 //! |---|---|
 //! | `all_reduce`, `reduce_scatter` | the shard group, then (when it completes) an all-reduce of the result across the replica group with the same op: every rank's data counts, as in a flat reduction. Reduce-scatter first: the inter-node all-reduce then carries `n/S` elements per rank instead of `n` |
 //! | `all_gather`, `broadcast`, `barrier` | the shard group (what it gathers is replicated across the replicas) |
+//! | [`Tiered::shard_reduce_scatter`] | the shard group only: an engine that sums several reductions before the replicas see them (the accumulation window) all-reduces the sum once, with [`Tiered::replicas_all_reduce`] |
+//! | [`Tiered::replicas_all_reduce`] | the replica group: every replica's buffer summed (or averaged) into each |
 //! | [`Tiered::replicas_broadcast`] | the replica group: one replica's buffer to the others |
 //! | [`Tiered::secondary_all_gather`] | the secondary group (hpZ) |
 //!
@@ -280,6 +282,43 @@ impl<C: Communicator> Tiered<C> {
             0,
         );
         Ok(TieredWork::Direct(sec.all_gather(input, output)?))
+    }
+
+    /// The shard group's reduce-scatter alone, with no all-reduce across the replicas
+    /// after it: the caller all-reduces what it sums of such results with
+    /// [`replicas_all_reduce`](Self::replicas_all_reduce). Without replicas this is
+    /// `reduce_scatter`.
+    pub fn shard_reduce_scatter(
+        &self,
+        input: C::Buffer,
+        output: C::Buffer,
+        op: ReduceOp,
+    ) -> Result<TieredWork<C, BufferPair<C>>, CommError> {
+        self.book_shard(OpKind::ReduceScatter, &input, 0);
+        Ok(TieredWork::Direct(
+            self.shard.reduce_scatter(input, output, op)?,
+        ))
+    }
+
+    /// All-reduces `buf` across the replica group with `op` (nothing to do without
+    /// replicas): the second half of a reduction whose first half was
+    /// [`shard_reduce_scatter`](Self::shard_reduce_scatter).
+    pub fn replicas_all_reduce(
+        &self,
+        buf: C::Buffer,
+        op: ReduceOp,
+    ) -> Result<TieredWork<C, C::Buffer>, CommError> {
+        let Some(reps) = &self.replicas else {
+            return Ok(TieredWork::Ready(buf));
+        };
+        self.book_replicas(&buf, buf.len());
+        let work = lock(reps)?.all_reduce(buf, op)?;
+        Ok(TieredWork::Direct(work))
+    }
+
+    /// Whether there are replicas (shard groups smaller than the world).
+    pub fn has_replicas(&self) -> bool {
+        self.replicas.is_some()
     }
 
     /// Copies replica `root`'s `buf` to every replica (nothing to do without replicas).

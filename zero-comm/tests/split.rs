@@ -2,7 +2,9 @@
 //! (ties by parent rank), whose collectives equal a plain reference over their members;
 //! nested splits, parents and children outliving each other; and mismatched splits — a
 //! rank that splits once more than the others, a rank that leaves, a rank that never
-//! splits — failing every other rank within the timeout.
+//! splits — failing every other rank within the timeout. `Tiered`'s reduction in two
+//! halves (the shard group's reduce-scatter, later the replicas' all-reduce) against the
+//! chained one.
 
 mod common;
 
@@ -12,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use std::time::{Duration, Instant};
 use zero_comm::{
     even_split, CommError, Communicator, Completion, HostBuffer, HostComm, HostGroup, ReduceOp,
+    Tiered,
 };
 
 fn input(seed: u64, parent_rank: usize, n: usize) -> Vec<f32> {
@@ -242,4 +245,117 @@ fn a_rank_that_never_splits_fails_the_others_at_the_timeout_naming_it() {
         }
         assert!(took < SHORT * 3, "rank {rank} took {took:?}");
     }
+}
+
+#[test]
+fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
+    // Four ranks on two nodes of two, shard groups of 2: the shard group's reduce-scatter
+    // and then the replicas' all-reduce give the chained reduce-scatter's bits and book
+    // the same elements on the same tiers; two reductions summed before the replicas see
+    // them are the sum of the chained ones (up to rounding: checked against the f64 sum).
+    let seed = seed("tiered_two_halves");
+    let n = 41;
+    run_ranks(HostGroup::new(4).unwrap(), |comm: HostComm| {
+        let rank = comm.rank();
+        let tiered = Tiered::split(comm, 2, 2, 1).unwrap();
+        assert!(tiered.has_replicas());
+        let piece = even_split(n, 2, tiered.rank());
+        let zeros = || HostBuffer::from(vec![0f32; piece.len()]);
+        let before = tiered.tier_stats();
+        let (_, chained) = tiered
+            .reduce_scatter(
+                HostBuffer::from(input(seed, rank, n)),
+                zeros(),
+                ReduceOp::Avg,
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        let chained_stats = tiered.tier_stats();
+        let (_, half) = tiered
+            .shard_reduce_scatter(
+                HostBuffer::from(input(seed, rank, n)),
+                zeros(),
+                ReduceOp::Avg,
+            )
+            .unwrap()
+            .wait()
+            .unwrap();
+        let whole = tiered
+            .replicas_all_reduce(half, ReduceOp::Avg)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(
+            f32s(&whole),
+            f32s(&chained),
+            "rank {rank}: two halves, chained"
+        );
+        let after = tiered.tier_stats();
+        for (tier, a, b, c) in [
+            (
+                "intra",
+                before.intra_node,
+                chained_stats.intra_node,
+                after.intra_node,
+            ),
+            (
+                "inter",
+                before.inter_node,
+                chained_stats.inter_node,
+                after.inter_node,
+            ),
+        ] {
+            assert_eq!(
+                c.total_elements() - b.total_elements(),
+                b.total_elements() - a.total_elements(),
+                "rank {rank}: {tier}-node elements booked"
+            );
+        }
+        // Two reductions summed on the shard, then one all-reduce across the replicas.
+        let mut sum = vec![0f32; piece.len()];
+        for round in 0..2u64 {
+            let (_, part) = tiered
+                .shard_reduce_scatter(
+                    HostBuffer::from(input(seed ^ round, rank, n)),
+                    zeros(),
+                    ReduceOp::Avg,
+                )
+                .unwrap()
+                .wait()
+                .unwrap();
+            for (s, x) in sum.iter_mut().zip(f32s(&part)) {
+                *s += x;
+            }
+        }
+        let got = tiered
+            .replicas_all_reduce(HostBuffer::from(sum), ReduceOp::Avg)
+            .unwrap()
+            .wait()
+            .unwrap();
+        for (i, g) in f32s(&got).into_iter().enumerate() {
+            let want: f64 = (0..2u64)
+                .flat_map(|round| {
+                    (0..4).map(move |r| input(seed ^ round, r, n)[piece.start + i] as f64)
+                })
+                .sum::<f64>()
+                / 4.0;
+            assert!(
+                (g as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "rank {rank} element {i}: {g} against {want} (seed {seed})"
+            );
+        }
+    });
+    // Without replicas the all-reduce is nothing to do.
+    run_ranks(HostGroup::new(2).unwrap(), |comm: HostComm| {
+        let flat = Tiered::split(comm, 2, 2, 1).unwrap();
+        assert!(!flat.has_replicas());
+        let buf = flat
+            .replicas_all_reduce(HostBuffer::from(vec![1.5f32, -2.0]), ReduceOp::Avg)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(f32s(&buf), vec![1.5, -2.0]);
+        assert_eq!(flat.tier_stats(), Default::default());
+    });
 }

@@ -4,7 +4,9 @@
 //! - Stages 1–3 × shard sizes 1, 2, 4 × hpZ on and off train 20 steps to within 1e-6 of the
 //!   flat engine (fp32; the largest difference over the largest parameter), with accumulation, clipping and overlap; hpZ changes no
 //!   arithmetic, so a run with it is bit-identical to the same shard size without it.
-//! - The comm report's per-tier elements equal the formulas to the element.
+//! - The comm report's per-tier elements equal the formulas to the element; across nodes
+//!   the replicas' all-reduce runs once per optimizer step, whatever the accumulation
+//!   (with the partitions in host memory, once per reduction).
 //! - A checkpoint saved with one shard size loads with another and with the flat layout.
 //! - Sizes that do not divide the world, or an hpZ group larger than a node, are errors.
 
@@ -165,18 +167,47 @@ fn elements_per_tier_are_exactly_the_formulas() {
                     assert_eq!(c.theory, c.theory_intra_node + c.theory_inter_node);
                     assert_eq!(sent(c.last_step), c.theory, "{ctx}");
                     // By hand, on two nodes of two: S = 2 keeps the shard group in a node
-                    // and sends only the replica all-reduce across; flat spans both.
+                    // and sends only the replica all-reduce across, once per step at every
+                    // stage (stages 2–3 sum the window inside the shard group first: the
+                    // same elements at accumulation 3 as at 1); flat spans both.
                     let s = shard.unwrap_or(WORLD) as u64;
                     if s == 2 && hpz == 1 {
                         let psi = c.padded_numel as u64;
-                        let k = if stage == 1 { 1 } else { accum };
-                        assert_eq!(c.theory_inter_node, k * 2 * (psi / 2) / 2, "{ctx}");
+                        assert_eq!(c.theory_inter_node, 2 * (psi / 2) / 2, "{ctx}");
                     }
                     if s == WORLD as u64 {
                         assert_eq!(c.theory_intra_node == 0, hpz == 1, "{ctx}");
                     }
                 }
             }
+        }
+    }
+    // With the partitions in host memory each reduction is all-reduced across the
+    // replicas before it crosses: K times per step.
+    for stage in [2u8, 3] {
+        let accum = 3u64;
+        let mut v: serde_json::Value =
+            serde_json::from_str(&accounting_config(stage, accum as usize)).expect("json");
+        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
+        let cfg = tiered(&v.to_string(), Some(2), 1);
+        let data = dataset(seed, 4 * WORLD * accum as usize);
+        let reports: Vec<CommReport> = run(cfg, seed, |e| {
+            for s in 0..3 {
+                train_step(e, &data, s, None).unwrap();
+            }
+            e.comm_report()
+        });
+        for (rank, c) in reports.iter().enumerate() {
+            let ctx = format!("offload stage {stage} accumulation {accum} rank {rank}: {c:?}");
+            let t = c.last_step_tiers;
+            assert_eq!(t.inter_node.grad_reduce, c.theory_inter_node, "{ctx}");
+            assert_eq!(
+                t.intra_node.grad_reduce + t.intra_node.param_gather,
+                c.theory_intra_node,
+                "{ctx}"
+            );
+            let psi = c.padded_numel as u64;
+            assert_eq!(c.theory_inter_node, accum * 2 * (psi / 2) / 2, "{ctx}");
         }
     }
 }

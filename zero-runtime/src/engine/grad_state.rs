@@ -9,6 +9,17 @@
 //! | `Whole` | 0–1 | the whole bucket's gradients, kept across micro-steps; an fp32 accumulator when 16-bit gradients are summed in fp32 | its all-reduce (stage 0) or reduce-scatter (stage 1) has it |
 //! | `Sharded` | 2–3 | a pooled staging buffer the backward writes; the reduced owned partition and its accumulator; whether the partition holds nothing of the window yet | staging: before the bucket's first gradient of a pass, and while its reduce-scatter has it; shard: while a reduce-scatter writes it, and always when the partition lives in host memory (`offload_optimizer`) |
 
+/// Which of a bucket's gradient buffers [`Grads::reduced`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReducedIn {
+    /// `Whole`'s gradients.
+    Whole,
+    /// `Sharded`'s fp32 accumulator.
+    Accum,
+    /// `Sharded`'s partition.
+    Shard,
+}
+
 /// A bucket's gradient buffers (see the module docs).
 pub(super) enum Grads<B> {
     /// A frozen bucket: no gradient.
@@ -83,6 +94,30 @@ impl<B> Grads<B> {
             } => Some(accum),
             Self::Sharded { shard, .. } => shard.as_ref(),
             Self::Frozen => None,
+        }
+    }
+
+    /// Takes out the buffer [`reduced`](Self::reduced) reads, for a collective that hands
+    /// it back, and where it was, for [`put_reduced`](Self::put_reduced).
+    pub(super) fn take_reduced(&mut self) -> Option<(B, ReducedIn)> {
+        match self {
+            Self::Whole { grads, .. } => grads.take().map(|g| (g, ReducedIn::Whole)),
+            Self::Sharded {
+                accum: accum @ Some(_),
+                ..
+            } => accum.take().map(|a| (a, ReducedIn::Accum)),
+            Self::Sharded { shard, .. } => shard.take().map(|s| (s, ReducedIn::Shard)),
+            Self::Frozen => None,
+        }
+    }
+
+    /// Puts back what [`take_reduced`](Self::take_reduced) took.
+    pub(super) fn put_reduced(&mut self, buf: B, at: ReducedIn) {
+        match (self, at) {
+            (Self::Whole { grads, .. }, ReducedIn::Whole) => *grads = Some(buf),
+            (Self::Sharded { accum, .. }, ReducedIn::Accum) => *accum = Some(buf),
+            (Self::Sharded { shard, .. }, ReducedIn::Shard) => *shard = Some(buf),
+            _ => {}
         }
     }
 

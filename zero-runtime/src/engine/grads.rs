@@ -15,6 +15,13 @@
 //!   a pass that held many (every bucket, when the trainer declares modules ready only at
 //!   the end) does not keep them for the rest of the run.
 //!
+//! With shard groups (`mics_shard_size`) the reduce-scatters of stages 2–3 run inside the
+//! shard group, and the window's sum is all-reduced across the replicas once, when the
+//! step opens (`sync_replicas`, as DeepSpeed's MiCS does at the accumulation boundary):
+//! the inter-node tier carries the partition once per optimizer step, not once per
+//! micro-step. With the partition in host memory (`offload_optimizer`) each reduction is
+//! still all-reduced across the replicas before it crosses.
+//!
 //! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
 //! for only when its buffers are needed again, or at `step()`.
 //!
@@ -274,9 +281,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
                 (Dest::Shard, shard)
             };
+            // Inside the shard group only, unless the partition crosses to the host: the
+            // replicas all-reduce the window's sum once, at the step (`sync_replicas`).
+            let host = matches!(dest, Dest::Host { .. });
             let work = self.issue(
                 |c| &mut c.grad_reduce,
-                |comm| comm.reduce_scatter(grads, out, ReduceOp::Avg),
+                |comm| match host {
+                    true => comm.reduce_scatter(grads, out, ReduceOp::Avg),
+                    false => comm.shard_reduce_scatter(grads, out, ReduceOp::Avg),
+                },
             )?;
             Reduction::ReduceScatter {
                 bucket: b,

@@ -99,6 +99,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let t0 = Instant::now();
         self.finish_all()?;
         self.add_into_carry(false)?;
+        self.sync_replicas()?;
         let (sum_sq, overflow) = self.global_stats()?;
         let scale = self.scaler.scale();
         self.global_steps += 1;

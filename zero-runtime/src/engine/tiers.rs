@@ -10,14 +10,16 @@
 //! |---|---|---|
 //! | the stage's reductions and gathers inside the shard group | the shard group's | the flat formula with `N → S` (`3KΨ'(S−1)/S` at stage 3) |
 //! | hpZ: each micro-step's second gather of a bucket reads the node's `H` ranks instead | intra-node | `K·Σ_b (n_b − own_H(n_b, h))` added, `K(Ψ'+Φ')(S−1)/S` taken off the shard group's |
-//! | each gradient reduction's partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` per reduction: once per step at stage 1, `K` times at stages 2–3 (`≈ 2KΨ'(R−1)/(RS)`) |
+//! | each bucket's reduced partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` once per step (`≈ 2Ψ'(R−1)/(RS)`): stage 1 reduces once per step, stages 2–3 sum the window's reduce-scatters inside the shard group and all-reduce the sum when the step opens ([`Engine::sync_replicas`]); `K` times with `offload_optimizer` at stages 2–3, whose partitions cross to the host after each reduction |
 //!
 //! A group is intra-node when all its ranks sit on one node (`ranks_per_node`), else
 //! inter-node.
 
-use super::{CommCounters, Engine};
+use super::grad_state::ReducedIn;
+use super::{step, CommCounters, Engine};
 use crate::device::Device;
-use zero_comm::{even_split, Communicator, Tier, TierStats};
+use crate::EngineError;
+use zero_comm::{even_split, Communicator, Completion, ReduceOp, Tier, TierStats};
 
 /// Counters of elements sent, by purpose, for each tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -100,18 +102,82 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         if layout.replicas() > 1 {
             let (rho, r) = (layout.replica(), layout.replicas());
-            let reductions = if self.policy.shards_gradients() { k } else { 1 };
+            let reductions = if self.policy.shards_gradients() && self.host_grads().is_some() {
+                k
+            } else {
+                1
+            };
             let mut per = 0u64;
             for plan in self.plan.trainable() {
                 let p = plan.layout.partition_len();
                 per += 2 * (p - even_split(p, r, rho).len()) as u64;
             }
             tiers[at(layout.replica_tier())] += reductions * per;
-            formula.push_str(&format!(
-                "; replicas (R = {r}): each reduction's partition all-reduced, {}2Ψ(R-1)/(RS)",
-                if reductions > 1 { "K·" } else { "" }
-            ));
+            formula.push_str(&match reductions > 1 {
+                true => format!(
+                    "; replicas (R = {r}): each reduction's partition all-reduced before it crosses to the host, K·2Ψ(R-1)/(RS)"
+                ),
+                false => format!(
+                    "; replicas (R = {r}): the step's reduced partition all-reduced once, 2Ψ(R-1)/(RS)"
+                ),
+            });
         }
         (tiers[0], tiers[1], formula)
+    }
+}
+
+/// Where the sum a step reads of a bucket sits while its replicas all-reduce it.
+enum WindowSum {
+    /// The fp32 carry of a reopened micro-step.
+    Carry,
+    /// The gradient buffer the optimizer reads.
+    Reduced(ReducedIn),
+}
+
+impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// The second half of stages 2–3's reductions with shard groups: each trainable
+    /// bucket's window sum (its carry when a micro-step was reopened, else its reduced
+    /// partition) all-reduced across the replicas, bucket by bucket in the same order on
+    /// every rank. Called when the step opens, after every reduce-scatter of the window
+    /// finished inside the shard group. Nothing to do without replicas, at stages 0–1
+    /// (whose one reduction per step is chained across the replicas already) and with the
+    /// partitions in host memory (each reduction was all-reduced before it crossed).
+    pub(super) fn sync_replicas(&mut self) -> Result<(), EngineError> {
+        if !self.comm.has_replicas()
+            || !self.policy.shards_gradients()
+            || self.host_grads().is_some()
+        {
+            return Ok(());
+        }
+        // Every bucket's all-reduce is issued before the first is waited for (they run
+        // together where the group is asynchronous, NCCL's), and put back in bucket order.
+        let mut issued = Vec::with_capacity(self.plan.trainable_buckets);
+        for b in self.trainable_range() {
+            let state = &mut self.buckets[b];
+            let (buf, at) = match state.carry.take() {
+                Some(carry) => (carry, WindowSum::Carry),
+                None => {
+                    let (buf, at) = state
+                        .grads
+                        .take_reduced()
+                        .ok_or_else(|| step::missing_grads(b))?;
+                    (buf, WindowSum::Reduced(at))
+                }
+            };
+            let work = self.issue(
+                |c| &mut c.grad_reduce,
+                |comm| comm.replicas_all_reduce(buf, ReduceOp::Avg),
+            )?;
+            issued.push((b, at, work));
+        }
+        for (b, at, work) in issued {
+            let buf = work.wait()?;
+            let state = &mut self.buckets[b];
+            match at {
+                WindowSum::Carry => state.carry = Some(buf),
+                WindowSum::Reduced(at) => state.grads.put_reduced(buf, at),
+            }
+        }
+        Ok(())
     }
 }

@@ -20,8 +20,11 @@ use zero_comm::{Communicator, DeviceComm, DeviceGroup, HostGroup};
 use zero_kernels::cuda::{ForeignSlice, ForeignStream, GpuBuffer, GpuLease, GpuStream};
 use zero_kernels::testing::gpu_or_skip;
 use zero_kernels::DType;
-use zero_runtime::{CudaDevice, Device, Engine, HostDevice};
-use zero_tests::{dataset, full_params, mlp_config, run_ranks_on, seed, train_step, MICRO_BATCH};
+use zero_runtime::{CudaDevice, Device, Engine, HostDevice, ZeroConfig};
+use zero_tests::{
+    dataset, full_params, mlp_config, mlp_modules, run_ranks_config, run_ranks_on, seed,
+    train_step, MICRO_BATCH,
+};
 
 const STEPS: usize = 8;
 const MICRO: usize = MICRO_BATCH;
@@ -371,5 +374,44 @@ fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
                 );
             }
         }
+    }
+    // mics_hierarchical_params_gather on two nodes of two: a shard group of both nodes
+    // gathers inside each node (a sub-communicator of 2), then across (another of 2), on
+    // the GPU as on the host, and with the one-step gather's bits.
+    let text = config(3, "bf16", 2, 0.0).replace(
+        r#""stage3_max_reuse_distance": 0"#,
+        r#""stage3_max_reuse_distance": 0, "mics_hierarchical_params_gather": true"#,
+    );
+    assert!(text.contains("mics_hierarchical"), "{text}");
+    let two_nodes = |text: &str| {
+        let mut cfg = ZeroConfig::from_json_str(text, 4).expect("valid config");
+        cfg.ranks_per_node = Some(2);
+        assert!(cfg.zero.hierarchical_gather || !text.contains("hierarchical"));
+        cfg
+    };
+    let data = dataset(seed, STEPS * 4 * MICRO * 2);
+    let comms = DeviceGroup::with_timeout(4, Duration::from_secs(60)).expect("device group");
+    let dev = run_ranks_config(
+        comms,
+        || CudaDevice::new().expect("device"),
+        two_nodes(&text),
+        seed,
+        mlp_modules,
+        |e| run(e, &data),
+    );
+    let comms = HostGroup::with_timeout(4, Duration::from_secs(60)).expect("host group");
+    let host = run_ranks_config(
+        comms,
+        || HostDevice,
+        two_nodes(&config(3, "bf16", 2, 0.0)),
+        seed,
+        mlp_modules,
+        |e| run(e, &data),
+    );
+    for (r, (h, d)) in host.iter().zip(&dev).enumerate() {
+        assert!(
+            bits(h) == bits(d),
+            "node-first gathers, rank {r}: the GPU's differ from the host's one-step gathers (seed {seed})"
+        );
     }
 }

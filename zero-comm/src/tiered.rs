@@ -18,6 +18,7 @@
 //! | [`Tiered::replicas_all_reduce`] | the replica group: every replica's buffer summed (or averaged) into each |
 //! | [`Tiered::replicas_broadcast`] | the replica group: one replica's buffer to the others |
 //! | [`Tiered::secondary_all_gather`] | the secondary group (hpZ) |
+//! | [`Tiered::node_first_all_gather`] | a shard group that spans nodes, in two steps (`mics_hierarchical_params_gather`): the node's ranks of the shard group gather their pieces into a block (intra-node), then the shard group's ranks with the same place in their nodes gather the blocks (inter-node). Rank `j·G + g` of the shard group holds piece `j·G + g`, so node `j`'s block is the output's `j`-th `n/k` elements and the second step writes the output in order: no permutation, the same bits as `all_gather` |
 //!
 //! The replica all-reduce is issued when the reduce-scatter's handle is waited for, so
 //! every rank issues it in the order it waits, which an engine makes the same on every
@@ -112,6 +113,19 @@ impl Layout {
         self.tier_of(first, first + (self.replicas() - 1) * self.shard_size)
     }
 
+    /// Whether a node-first gather has two steps to take: the shard group spans nodes, and
+    /// whole ones (`S` a multiple of `G`, `G` > 1).
+    pub fn node_first_applies(&self) -> bool {
+        let g = self.ranks_per_node;
+        g > 1 && self.shard_size > g && self.shard_size % g == 0
+    }
+
+    /// Nodes per shard group (`k = S / G`) where a node-first gather applies.
+    pub fn nodes_per_shard_group(&self) -> Option<usize> {
+        self.node_first_applies()
+            .then(|| self.shard_size / self.ranks_per_node)
+    }
+
     /// The tier of the secondary group (consecutive ranks inside a node).
     pub fn secondary_tier(&self) -> Tier {
         Tier::IntraNode
@@ -166,6 +180,10 @@ impl TierStats {
 
 /// One rank's groups (see the module docs).
 pub struct Tiered<C: Communicator> {
+    /// `mics_hierarchical_params_gather` on a shard group that spans nodes: the node's
+    /// ranks of the shard group, and the shard group's ranks with this rank's place in
+    /// their node.
+    node_first: Option<Box<(C, C)>>,
     layout: Layout,
     shard: C,
     replicas: Option<Arc<Mutex<C>>>,
@@ -190,6 +208,7 @@ impl<C: Communicator> Tiered<C> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let layout = Layout::new(rank, world, ranks_per_node, world, 1)?;
         Ok(Self {
+            node_first: None,
             layout,
             shard: comm,
             replicas: None,
@@ -200,14 +219,17 @@ impl<C: Communicator> Tiered<C> {
     }
 
     /// Splits `world` into shard groups of `shard_size` ranks, their replica groups, and
-    /// (`secondary_size` > 1) hpZ's secondary groups, on nodes of `ranks_per_node`. A
-    /// collective of `world`: every rank calls it with the same sizes. Sizes that leave
+    /// (`secondary_size` > 1) hpZ's secondary groups, on nodes of `ranks_per_node`; with
+    /// `node_first_gather` (`mics_hierarchical_params_gather`) and a shard group that
+    /// spans whole nodes, the two groups of [`node_first_all_gather`](Self::node_first_all_gather).
+    /// A collective of `world`: every rank calls it with the same sizes. Sizes that leave
     /// one flat group split nothing.
     pub fn split(
         world: C,
         ranks_per_node: usize,
         shard_size: usize,
         secondary_size: usize,
+        node_first_gather: bool,
     ) -> Result<Self, CommError> {
         let layout = Layout::new(
             world.rank(),
@@ -219,6 +241,14 @@ impl<C: Communicator> Tiered<C> {
         let r = layout.rank;
         let secondary = if secondary_size > 1 {
             Some(Box::new(world.split(r / secondary_size, r)?))
+        } else {
+            None
+        };
+        let node_first = if node_first_gather && layout.node_first_applies() {
+            let g = layout.ranks_per_node;
+            let node = world.split(r / g, r)?;
+            let cross = world.split((r / shard_size) * g + r % g, r)?;
+            Some(Box::new((node, cross)))
         } else {
             None
         };
@@ -234,6 +264,7 @@ impl<C: Communicator> Tiered<C> {
             (world, None, None)
         };
         Ok(Self {
+            node_first,
             layout,
             shard,
             replicas,
@@ -319,6 +350,66 @@ impl<C: Communicator> Tiered<C> {
     /// Whether there are replicas (shard groups smaller than the world).
     pub fn has_replicas(&self) -> bool {
         self.replicas.is_some()
+    }
+
+    /// The block a [`node_first_all_gather`](Self::node_first_all_gather) of `total`
+    /// elements needs (`total / k`, `k` nodes per shard group), or `None` where the
+    /// gather has one step.
+    pub fn gather_block_len(&self, total: usize) -> Option<usize> {
+        let k = self.layout.nodes_per_shard_group()?;
+        self.node_first.as_ref()?;
+        Some(total / k)
+    }
+
+    /// The shard group's all-gather of `input` into `output` inside the node first, then
+    /// across the nodes (see the module docs), through `block` (of
+    /// [`gather_block_len`](Self::gather_block_len) elements); an `all_gather` where the
+    /// gather has one step (`block` is then dropped). The node's step is waited for here,
+    /// before the second is issued: both are issued in the caller's order on every rank.
+    pub fn node_first_all_gather(
+        &self,
+        input: C::Buffer,
+        block: C::Buffer,
+        output: C::Buffer,
+    ) -> Result<TieredWork<C, BufferPair<C>>, CommError> {
+        let Some(groups) = self.node_first.as_deref() else {
+            return self.all_gather(input, output);
+        };
+        let (node, cross) = (&groups.0, &groups.1);
+        if block.len() * cross.world_size() != output.len() {
+            return Err(CommError::InvalidArgument {
+                rank: self.layout.rank,
+                op: "all_gather (node first)".into(),
+                reason: format!(
+                    "a block of {} elements for {} nodes does not make an output of {}",
+                    block.len(),
+                    cross.world_size(),
+                    output.len()
+                ),
+            });
+        }
+        self.book(
+            Tier::IntraNode,
+            OpKind::AllGather,
+            &block,
+            node.rank(),
+            node.world_size(),
+            0,
+        );
+        self.book(
+            self.layout.shard_tier(),
+            OpKind::AllGather,
+            &output,
+            cross.rank(),
+            cross.world_size(),
+            0,
+        );
+        let (input, block) = node.all_gather(input, block)?.wait()?;
+        let work = cross.all_gather(block, output)?;
+        Ok(TieredWork::Deferred(Box::new(move || {
+            let (_block, output) = work.wait()?;
+            Ok((input, output))
+        })))
     }
 
     /// Copies replica `root`'s `buf` to every replica (nothing to do without replicas).
@@ -449,6 +540,9 @@ pub enum TieredWork<C: Communicator, T: Send + 'static> {
     },
     /// Nothing to wait for.
     Ready(T),
+    /// A collective whose result is rearranged when it is waited for (the second step of
+    /// a node-first gather, which hands back the first step's input).
+    Deferred(Box<dyn FnOnce() -> Result<T, CommError> + Send>),
 }
 
 impl<C: Communicator, T: Send + 'static> Completion for TieredWork<C, T> {
@@ -464,6 +558,7 @@ impl<C: Communicator, T: Send + 'static> Completion for TieredWork<C, T> {
                 finish,
             } => finish(first.wait()?, &replicas, op),
             Self::Ready(t) => Ok(t),
+            Self::Deferred(f) => f(),
         }
     }
 
@@ -472,7 +567,7 @@ impl<C: Communicator, T: Send + 'static> Completion for TieredWork<C, T> {
     fn is_complete(&self) -> bool {
         match self {
             Self::Direct(w) => w.is_complete(),
-            Self::Then { .. } => false,
+            Self::Then { .. } | Self::Deferred(_) => false,
             Self::Ready(_) => true,
         }
     }

@@ -257,7 +257,7 @@ fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
     let n = 41;
     run_ranks(HostGroup::new(4).unwrap(), |comm: HostComm| {
         let rank = comm.rank();
-        let tiered = Tiered::split(comm, 2, 2, 1).unwrap();
+        let tiered = Tiered::split(comm, 2, 2, 1, false).unwrap();
         assert!(tiered.has_replicas());
         let piece = even_split(n, 2, tiered.rank());
         let zeros = || HostBuffer::from(vec![0f32; piece.len()]);
@@ -348,7 +348,7 @@ fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
     });
     // Without replicas the all-reduce is nothing to do.
     run_ranks(HostGroup::new(2).unwrap(), |comm: HostComm| {
-        let flat = Tiered::split(comm, 2, 2, 1).unwrap();
+        let flat = Tiered::split(comm, 2, 2, 1, false).unwrap();
         assert!(!flat.has_replicas());
         let buf = flat
             .replicas_all_reduce(HostBuffer::from(vec![1.5f32, -2.0]), ReduceOp::Avg)

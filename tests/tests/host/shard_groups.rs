@@ -9,6 +9,9 @@
 //!   (with the partitions in host memory, once per reduction).
 //! - A checkpoint saved with one shard size loads with another and with the flat layout.
 //! - Sizes that do not divide the world, or an hpZ group larger than a node, are errors.
+//! - `mics_hierarchical_params_gather` (a shard group of both nodes gathers inside the node,
+//!   then across): the same bits as the one-step gather, with and without hpZ, and its
+//!   elements split between the tiers as the formula says.
 
 use serde_json::json;
 use std::time::Duration;
@@ -35,6 +38,13 @@ fn tiered(base: &str, shard: Option<usize>, hpz: usize) -> ZeroConfig {
     let mut cfg = ZeroConfig::from_json(&v, WORLD).expect("valid config");
     cfg.ranks_per_node = Some(PER_NODE);
     cfg
+}
+
+/// `base` with `mics_hierarchical_params_gather: true`.
+fn node_first(base: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(base).expect("json");
+    v["zero_optimization"]["mics_hierarchical_params_gather"] = json!(true);
+    v.to_string()
 }
 
 fn run<R: Send>(
@@ -102,6 +112,37 @@ fn shard_groups_and_hpz_train_as_the_flat_engine() {
 }
 
 #[test]
+fn node_first_gathers_give_the_one_step_gathers_bits() {
+    let seed = seed("node-first gathers");
+    for (accum, overlap) in [(1, false), (2, true)] {
+        let base = mlp_config(3, "bf16", accum, 0.5, overlap);
+        // Shard groups of both nodes (S = 4, and flat over the world), hpZ off and on; a
+        // shard group inside one node (S = 2), where the key changes nothing.
+        for (shard, hpz) in [(Some(4), 1), (None, 1), (None, 2), (Some(2), 1)] {
+            let ctx = format!("accumulation {accum} shard {shard:?} hpZ {hpz}");
+            let one_step = train(tiered(&base, shard, hpz), seed, 6);
+            let two_steps = train(tiered(&node_first(&base), shard, hpz), seed, 6);
+            for (rank, (a, b)) in two_steps.iter().zip(&one_step).enumerate() {
+                assert_eq!(bits(a), bits(b), "{ctx}: rank {rank} differs");
+            }
+        }
+    }
+    // Below stage 3 the key is noted, and nothing gathers in two steps.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&node_first(&mlp_config(2, "fp32", 1, 0.5, false))).unwrap();
+    v["zero_optimization"]["mics_shard_size"] = json!(4);
+    let cfg = ZeroConfig::from_json(&v, WORLD).unwrap();
+    assert!(!cfg.zero.hierarchical_gather);
+    assert!(
+        cfg.notes
+            .iter()
+            .any(|n| n.contains("mics_hierarchical_params_gather")),
+        "{:?}",
+        cfg.notes
+    );
+}
+
+#[test]
 fn fp16_loss_scaling_and_offload_train_with_shard_groups() {
     let seed = seed("shard groups fp16 offload");
     for stage in [2u8, 3] {
@@ -138,17 +179,22 @@ fn elements_per_tier_are_exactly_the_formulas() {
     let seed = seed("tiers");
     for stage in 1..=3u8 {
         for accum in [1u64, 3] {
-            for (shard, hpz) in [
-                (None, 1),
-                (Some(2), 1),
-                (Some(1), 1),
-                (Some(2), 2),
-                (None, 2),
+            for (shard, hpz, two_step) in [
+                (None, 1, false),
+                (Some(2), 1, false),
+                (Some(1), 1, false),
+                (Some(2), 2, false),
+                (None, 2, false),
+                (Some(4), 1, true),
+                (None, 2, true),
+                (Some(2), 1, true),
             ] {
-                if hpz > 1 && stage < 3 {
+                if (hpz > 1 || two_step) && stage < 3 {
                     continue;
                 }
-                let cfg = tiered(&accounting_config(stage, accum as usize), shard, hpz);
+                let text = accounting_config(stage, accum as usize);
+                let text = if two_step { node_first(&text) } else { text };
+                let cfg = tiered(&text, shard, hpz);
                 let data = dataset(seed, 4 * WORLD * accum as usize);
                 let reports: Vec<CommReport> = run(cfg, seed, |e| {
                     for s in 0..3 {
@@ -158,7 +204,7 @@ fn elements_per_tier_are_exactly_the_formulas() {
                 });
                 for (rank, c) in reports.iter().enumerate() {
                     let ctx = format!(
-                        "stage {stage} accumulation {accum} shard {shard:?} hpZ {hpz} rank {rank}: {c:?}"
+                        "stage {stage} accumulation {accum} shard {shard:?} hpZ {hpz} node-first {two_step} rank {rank}: {c:?}"
                     );
                     let t = c.last_step_tiers;
                     let sent = |x: zero_runtime::CommCounters| x.grad_reduce + x.param_gather;
@@ -176,7 +222,16 @@ fn elements_per_tier_are_exactly_the_formulas() {
                         assert_eq!(c.theory_inter_node, 2 * (psi / 2) / 2, "{ctx}");
                     }
                     if s == WORLD as u64 {
-                        assert_eq!(c.theory_intra_node == 0, hpz == 1, "{ctx}");
+                        assert_eq!(c.theory_intra_node == 0, hpz == 1 && !two_step, "{ctx}");
+                    }
+                    // By hand, node first over both nodes (k = 2, S = 4) without hpZ: each
+                    // of the 2K gathers sends n/2 − n/4 inside the node and n/2 across;
+                    // the K reduce-scatters send 3n/4 across.
+                    if s == WORLD as u64 && two_step && hpz == 1 {
+                        let n = (c.padded_numel + c.frozen_padded_numel) as u64;
+                        assert_eq!(c.theory_intra_node, 2 * accum * (n / 4), "{ctx}");
+                        let rs = accum * (c.padded_numel as u64 * 3 / 4);
+                        assert_eq!(c.theory_inter_node, 2 * accum * (n / 2) + rs, "{ctx}");
                     }
                 }
             }

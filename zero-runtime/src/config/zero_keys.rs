@@ -45,7 +45,7 @@ pub(super) const ZERO: Section = Section {
         Key::only("zero_quantized_nontrainable_weights", Fixed::Bool(false)),
         Key::only("zero_quantized_gradients", Fixed::Bool(false)),
         MICS_SHARD_SIZE,
-        Key::only("mics_hierarchical_params_gather", Fixed::Bool(false)),
+        MICS_HIERARCHICAL_PARAMS_GATHER,
         Key::only(
             "stage3_gather_fp16_weights_on_model_save",
             Fixed::Bool(false),
@@ -242,6 +242,22 @@ pub(super) const MICS_SHARD_SIZE: Key = Key::new(
     (DeepSpeed offered MiCS at stage 3 only, and 0.19.8 refuses the key); stage 0 shards \
     nothing and ignores it, noted. See docs/SCALING.md",
 );
+
+/// Stage 3's parameter gathers of a shard group that spans nodes: inside the node first.
+pub(super) const MICS_HIERARCHICAL_PARAMS_GATHER: Key =
+    Key::new("mics_hierarchical_params_gather", KeyDefault::Bool(false))
+        .stage3(true)
+        .doc(
+            "A shard group that spans nodes (`mics_shard_size` a multiple of the ranks per \
+            node, more than one node) all-gathers parameters in two steps: inside the node \
+            (the node's G pieces, one block), then across the nodes (the same local rank \
+            of each node, whole blocks). The gathered bucket is the same bits; a rank then \
+            sends n(k−1)/k of an n-element bucket across nodes (k nodes per shard group) \
+            instead of n(S−1)/S, and holds a block of n/k elements while the gather is in \
+            flight. A shard group inside one node gathers in one step, as without it \
+            (DeepSpeed's MiCS raised NotImplementedError for this key). \
+            See docs/SCALING.md",
+        );
 
 /// Ranks per hpZ secondary group (ZeRO++).
 pub(super) const ZERO_HPZ_PARTITION_SIZE: Key =

@@ -9,7 +9,7 @@ use super::zero_keys::{
     STAGE3_MAX_REUSE_DISTANCE, STAGE3_PARAM_PERSISTENCE_THRESHOLD, STAGE3_PREFETCH_BUCKET_SIZE,
     SUB_GROUP_SIZE, ZERO,
 };
-use super::zero_keys::{MICS_SHARD_SIZE, ZERO_HPZ_PARTITION_SIZE};
+use super::zero_keys::{MICS_HIERARCHICAL_PARAMS_GATHER, MICS_SHARD_SIZE, ZERO_HPZ_PARTITION_SIZE};
 use super::ConfigError;
 use serde_json::{json, Value};
 
@@ -49,6 +49,9 @@ pub struct ZeroOptimization {
     /// `zero_hpz_partition_size`: ranks per hpZ secondary group (1: no hpZ; below stage 3:
     /// always 1).
     pub hpz_partition_size: usize,
+    /// `mics_hierarchical_params_gather`: stage 3 gathers a shard group that spans nodes
+    /// inside the node first (below stage 3: always `false`).
+    pub hierarchical_gather: bool,
 }
 
 /// DeepSpeed's `zero_optimization` takes its stage-3 keys by their field names too
@@ -228,5 +231,7 @@ pub(super) fn zero(top: &Obj, notes: &mut Vec<String>) -> Result<ZeroOptimizatio
         offload_param,
         shard_size,
         hpz_partition_size,
+        hierarchical_gather: stage == 3
+            && o.bool_or(MICS_HIERARCHICAL_PARAMS_GATHER.name, false)?,
     })
 }

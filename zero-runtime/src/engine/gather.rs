@@ -14,7 +14,7 @@
 //! (see [`crate::plan`]): it is fetched, prefetched and released with the trainable one.
 
 use super::gather_state::{Source, Waited};
-use super::Engine;
+use super::{Engine, W2};
 use crate::device::Device;
 use crate::EngineError;
 use std::time::Instant;
@@ -182,10 +182,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             let input = self.shard_input(b)?;
             debug_assert_eq!(self.dev.len(&input), part);
-            let work = self.issue(
-                |c| &mut c.param_gather,
-                |comm| comm.all_gather(input, output),
-            )?;
+            let work = self.issue_all_gather(input, output)?;
             self.buckets[b].gather.start(work, Source::Primary);
         }
         self.live_gathered += total;
@@ -303,11 +300,30 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let output = self
             .dev
             .zeros(self.dtype, self.plan.buckets[b].layout.total_len())?;
-        let work = self.issue(
-            |c| &mut c.param_gather,
-            |comm| comm.all_gather(input, output),
-        )?;
+        let work = self.issue_all_gather(input, output)?;
         Ok(Some(work.wait()?.1))
+    }
+
+    /// The shard group's all-gather of a bucket's partition `input` into `output`: in two
+    /// steps, inside the node and then across the nodes, where
+    /// `mics_hierarchical_params_gather` applies (through a block of `total / k` elements
+    /// held until the gather is waited for), else in one.
+    fn issue_all_gather(
+        &mut self,
+        input: C::Buffer,
+        output: C::Buffer,
+    ) -> Result<W2<C>, EngineError> {
+        let block = match self.comm.gather_block_len(self.dev.len(&output)) {
+            Some(len) => Some(self.dev.zeros(self.dtype, len)?),
+            None => None,
+        };
+        self.issue(
+            |c| &mut c.param_gather,
+            |comm| match block {
+                Some(block) => comm.node_first_all_gather(input, block, output),
+                None => comm.all_gather(input, output),
+            },
+        )
     }
 
     /// Waits for every gather in flight (the buckets stay gathered).

@@ -298,6 +298,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             cfg.ranks_per_node.unwrap_or(dp_world),
             cfg.zero.shard_size.unwrap_or(dp_world),
             cfg.zero.hpz_partition_size,
+            cfg.zero.hierarchical_gather,
         )?;
         let (rank, world) = (comm.rank(), comm.world_size());
         let clamp = |v: u64| v.min(usize::MAX as u64) as usize;

@@ -12,6 +12,8 @@ to try a multi-node launch on one box (issue 50).
   ``test_deepspeed.py``'s bound (1e-5 relative on the losses: the two round the reduction
   and the update in different orders). DeepSpeed 0.19.8 refuses ``mics_shard_size``, so
   zero's shard groups are held against its flat run.
+- ``mics_hierarchical_params_gather`` on the flat layout (one shard group over both nodes):
+  the flat run's bits, with part of each gather inside the node.
 - The comm report's intra-node and inter-node elements equal the formulas to the element
   at stages 1-2 and across nodes with one-node shard groups (see the test for stage 3's
   gathers).
@@ -50,11 +52,14 @@ ZERO_RUNS = [
     {"stage": 1, "zero": {**EXACT, "mics_shard_size": 2}},
     {"stage": 2, "zero": EXACT},
     {"stage": 2, "zero": {**EXACT, "mics_shard_size": 2}},
+    # The world's one shard group spans both nodes: gathered inside each node, then across.
+    {"stage": 3, "zero": {**EXACT, "mics_hierarchical_params_gather": True}},
 ]
+NODE_FIRST = len(ZERO_RUNS) - 1
 
 
 def is_flat(run: Dict[str, Any]) -> bool:
-    return not {"mics_shard_size", "zero_hpz_partition_size"} & set(run["zero"])
+    return not {"mics_shard_size", "zero_hpz_partition_size", "mics_hierarchical_params_gather"} & set(run["zero"])
 
 
 DS_RUNS = [{"stage": 3}, {"stage": 3, "zero": {"zero_hpz_partition_size": 2}}]
@@ -129,6 +134,8 @@ def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[s
         assert rel <= 2e-5, (run, rel)
     assert same_bits(z[2]["params"], z[1]["params"]), "hpZ on shard groups changed bits"
     assert same_bits(z[3]["params"], z[0]["params"]), "hpZ on the flat layout changed bits"
+    assert same_bits(z[NODE_FIRST]["params"], z[0]["params"]), "node-first gathers changed bits"
+    assert z[NODE_FIRST]["losses"] == z[0]["losses"]
 
 
 def test_deepspeed_hpz_changes_no_bits_and_zero_follows_deepspeed(runs: Dict[str, List[Dict[str, Any]]]) -> None:
@@ -165,6 +172,11 @@ def test_comm_report_per_tier_is_the_formula(runs: Dict[str, List[Dict[str, Any]
             # One node per shard group: only the replica all-reduce leaves the node.
             assert c["inter_node"] == c["theory_inter_node"], (run, c)
             assert 0 < c["inter_node"] < c["intra_node"], (run, c)
+        elif i == NODE_FIRST:
+            # Node first: half of each gather's elements stay inside the node.
+            flat = runs["zero"][0]["comm"]
+            assert 0 < c["intra_node"] and c["inter_node"] < flat["inter_node"], (run, c, flat)
+            assert c["intra_node"] + c["inter_node"] == flat["intra_node"] + flat["inter_node"], (run, c, flat)
         elif not hpz:
             # Flat over two nodes: everything counts as inter-node.
             assert c["intra_node"] == 0 and c["inter_node"] > 0, (run, c)

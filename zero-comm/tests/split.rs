@@ -261,23 +261,16 @@ fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
         assert!(tiered.has_replicas());
         let piece = even_split(n, 2, tiered.rank());
         let zeros = || HostBuffer::from(vec![0f32; piece.len()]);
+        let mine = |round: u64| HostBuffer::from(input(seed ^ round, rank, n));
         let before = tiered.tier_stats();
         let (_, chained) = tiered
-            .reduce_scatter(
-                HostBuffer::from(input(seed, rank, n)),
-                zeros(),
-                ReduceOp::Avg,
-            )
+            .reduce_scatter(mine(0), zeros(), ReduceOp::Avg)
             .unwrap()
             .wait()
             .unwrap();
         let chained_stats = tiered.tier_stats();
         let (_, half) = tiered
-            .shard_reduce_scatter(
-                HostBuffer::from(input(seed, rank, n)),
-                zeros(),
-                ReduceOp::Avg,
-            )
+            .shard_reduce_scatter(mine(0), zeros(), ReduceOp::Avg)
             .unwrap()
             .wait()
             .unwrap();
@@ -316,11 +309,7 @@ fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
         let mut sum = vec![0f32; piece.len()];
         for round in 0..2u64 {
             let (_, part) = tiered
-                .shard_reduce_scatter(
-                    HostBuffer::from(input(seed ^ round, rank, n)),
-                    zeros(),
-                    ReduceOp::Avg,
-                )
+                .shard_reduce_scatter(mine(round), zeros(), ReduceOp::Avg)
                 .unwrap()
                 .wait()
                 .unwrap();

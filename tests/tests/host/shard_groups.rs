@@ -174,6 +174,17 @@ fn accounting_config(stage: u8, accum: usize) -> String {
     )
 }
 
+/// Every rank's comm report after three steps of `accum` micro-steps.
+fn comm_reports(cfg: ZeroConfig, seed: u64, accum: u64) -> Vec<CommReport> {
+    let data = dataset(seed, 4 * WORLD * accum as usize);
+    run(cfg, seed, |e| {
+        for s in 0..3 {
+            train_step(e, &data, s, None).unwrap();
+        }
+        e.comm_report()
+    })
+}
+
 #[test]
 fn elements_per_tier_are_exactly_the_formulas() {
     let seed = seed("tiers");
@@ -194,14 +205,7 @@ fn elements_per_tier_are_exactly_the_formulas() {
                 }
                 let text = accounting_config(stage, accum as usize);
                 let text = if two_step { node_first(&text) } else { text };
-                let cfg = tiered(&text, shard, hpz);
-                let data = dataset(seed, 4 * WORLD * accum as usize);
-                let reports: Vec<CommReport> = run(cfg, seed, |e| {
-                    for s in 0..3 {
-                        train_step(e, &data, s, None).unwrap();
-                    }
-                    e.comm_report()
-                });
+                let reports = comm_reports(tiered(&text, shard, hpz), seed, accum);
                 for (rank, c) in reports.iter().enumerate() {
                     let ctx = format!(
                         "stage {stage} accumulation {accum} shard {shard:?} hpZ {hpz} node-first {two_step} rank {rank}: {c:?}"
@@ -244,14 +248,7 @@ fn elements_per_tier_are_exactly_the_formulas() {
         let mut v: serde_json::Value =
             serde_json::from_str(&accounting_config(stage, accum as usize)).expect("json");
         v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
-        let cfg = tiered(&v.to_string(), Some(2), 1);
-        let data = dataset(seed, 4 * WORLD * accum as usize);
-        let reports: Vec<CommReport> = run(cfg, seed, |e| {
-            for s in 0..3 {
-                train_step(e, &data, s, None).unwrap();
-            }
-            e.comm_report()
-        });
+        let reports = comm_reports(tiered(&v.to_string(), Some(2), 1), seed, accum);
         for (rank, c) in reports.iter().enumerate() {
             let ctx = format!("offload stage {stage} accumulation {accum} rank {rank}: {c:?}");
             let t = c.last_step_tiers;

@@ -137,7 +137,12 @@ fn run(args: &Args) -> Result<(), String> {
         for line in said {
             say(format!("  {line}"));
         }
-        let cfg = ZeroConfig::from_json(&value, world).map_err(|e| format!("config: {e}"))?;
+        let mut cfg = ZeroConfig::from_json(&value, world).map_err(|e| format!("config: {e}"))?;
+        if let Ranks::Launched(env) = &ranks {
+            // Nodes as the launcher lays them out (shard groups and hpZ cut by them), as
+            // zero_torch reads them.
+            cfg.ranks_per_node = env.local_world_size;
+        }
         for note in &cfg.notes {
             say(format!("  note: {note}"));
         }

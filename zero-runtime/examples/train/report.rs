@@ -181,6 +181,17 @@ pub fn report(cfg: &ZeroConfig, r: &RankResult, entropy: f64, world: usize) {
         fmt_count(r.comm.theory),
         c.control
     );
+    if cfg.ranks_per_node.is_some_and(|g| g < world) {
+        // More than one node: what stayed inside a node and what crossed (docs/SCALING.md).
+        let t = &r.comm.last_step_tiers;
+        println!(
+            "  by tier: inside a node {} (theory {}), across nodes {} (theory {})",
+            fmt_count(t.intra_node.grad_reduce + t.intra_node.param_gather),
+            fmt_count(r.comm.theory_intra_node),
+            fmt_count(t.inter_node.grad_reduce + t.inter_node.param_gather),
+            fmt_count(r.comm.theory_inter_node)
+        );
+    }
     let sent = c.grad_reduce + c.param_gather;
     if stage == 3 && sent < r.comm.theory {
         println!(

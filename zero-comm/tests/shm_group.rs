@@ -384,7 +384,12 @@ fn a_rank_killed_mid_collective_fails_every_other_rank_naming_it() {
         killed.elapsed()
     );
     let after = shm_entries();
-    let new: Vec<&String> = after.iter().filter(|e| !before.contains(e)).collect();
+    // (The stand-in's NCCL segments are another program's: `.ci/run` runs the stand-in
+    // pass beside the test command.)
+    let new: Vec<&String> = after
+        .iter()
+        .filter(|e| !before.contains(e) && !e.starts_with("zero-gpusim-"))
+        .collect();
     assert!(new.is_empty(), "left in /dev/shm: {new:?}");
 }
 

@@ -39,6 +39,9 @@ const ENV_TIMEOUT: &str = "ZERO_GPUSIM_NCCL_TIMEOUT_S";
 /// One process test at a time: they time waits, and share 2 cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The pids of the ranks this test binary started ([`spawn`]), and its own.
+static OURS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -81,7 +84,33 @@ fn shm_entries() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Fails if a segment of `ids`, or any `zero-gpusim-*` name not there `before`, is left.
+/// Whether segment `name` in `/dev/shm` was joined by this binary or a rank it started:
+/// another process using the stand-in at the same time (`.ci/run` runs the stand-in pass
+/// beside the test command, and both run these tests) has segments of its own there.
+/// A segment whose header is not written yet names nobody: not counted.
+fn joined_by_us(name: &str) -> bool {
+    let ours = OURS.lock().unwrap_or_else(|p| p.into_inner());
+    // (Read and write: the segment is mapped shared and writable; nothing is written.)
+    let path = format!("/dev/shm/{name}");
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    else {
+        return false;
+    };
+    let Ok(Some(seg)) = super::segment::Segment::open(&file) else {
+        return false;
+    };
+    let me = std::process::id();
+    (0..seg.nranks()).any(|r| {
+        let pid = seg.pid(r).load(std::sync::atomic::Ordering::Relaxed);
+        pid == me || ours.contains(&pid)
+    })
+}
+
+/// Fails if a segment of `ids`, or any `zero-gpusim-*` name not there `before` that this
+/// binary's ranks joined, is left.
 fn assert_nothing_left(before: &[String], ids: &[[u8; UNIQUE_ID_BYTES]]) {
     let mut left: Vec<String> = ids
         .iter()
@@ -91,7 +120,11 @@ fn assert_nothing_left(before: &[String], ids: &[[u8; UNIQUE_ID_BYTES]]) {
     for p in &left {
         let _ = std::fs::remove_file(p);
     }
-    left.extend(shm_entries().into_iter().filter(|e| !before.contains(e)));
+    left.extend(
+        shm_entries()
+            .into_iter()
+            .filter(|e| !before.contains(e) && joined_by_us(e)),
+    );
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
@@ -125,7 +158,11 @@ fn spawn(
     for (k, v) in extra {
         c.env(k, v);
     }
-    c.spawn().expect("starting a rank")
+    let child = c.spawn().expect("starting a rank");
+    OURS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(child.id());
+    child
 }
 
 /// What a rank printed after `tag`.

@@ -120,12 +120,6 @@ impl Layout {
         g > 1 && self.shard_size > g && self.shard_size % g == 0
     }
 
-    /// Nodes per shard group (`k = S / G`) where a node-first gather applies.
-    pub fn nodes_per_shard_group(&self) -> Option<usize> {
-        self.node_first_applies()
-            .then(|| self.shard_size / self.ranks_per_node)
-    }
-
     /// The tier of the secondary group (consecutive ranks inside a node).
     pub fn secondary_tier(&self) -> Tier {
         Tier::IntraNode
@@ -352,13 +346,19 @@ impl<C: Communicator> Tiered<C> {
         self.replicas.is_some()
     }
 
+    /// The nodes `k` of this rank's shard group where its gathers go node first (the
+    /// size of the cross-node group), or `None` where they have one step.
+    pub fn node_first_nodes(&self) -> Option<usize> {
+        self.node_first
+            .as_deref()
+            .map(|(_, cross)| cross.world_size())
+    }
+
     /// The block a [`node_first_all_gather`](Self::node_first_all_gather) of `total`
     /// elements needs (`total / k`, `k` nodes per shard group), or `None` where the
     /// gather has one step.
     pub fn gather_block_len(&self, total: usize) -> Option<usize> {
-        let k = self.layout.nodes_per_shard_group()?;
-        self.node_first.as_ref()?;
-        Some(total / k)
+        self.node_first_nodes().map(|k| total / k)
     }
 
     /// The shard group's all-gather of `input` into `output` inside the node first, then

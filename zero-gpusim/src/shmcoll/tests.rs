@@ -39,7 +39,7 @@ const ENV_TIMEOUT: &str = "ZERO_GPUSIM_NCCL_TIMEOUT_S";
 /// One process test at a time: they time waits, and share 2 cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// The pids of the ranks this test binary started ([`spawn`]), and its own.
+/// The pids of the ranks this test binary started ([`spawn`]).
 static OURS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 fn serial() -> MutexGuard<'static, ()> {

@@ -283,12 +283,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             // Inside the shard group only, unless the partition crosses to the host: the
             // replicas all-reduce the window's sum once, at the step (`sync_replicas`).
-            let host = matches!(dest, Dest::Host { .. });
+            let at_step = self.replicas_reduce_at_step();
             let work = self.issue(
                 |c| &mut c.grad_reduce,
-                |comm| match host {
-                    true => comm.reduce_scatter(grads, out, ReduceOp::Avg),
-                    false => comm.shard_reduce_scatter(grads, out, ReduceOp::Avg),
+                |comm| {
+                    if at_step {
+                        comm.shard_reduce_scatter(grads, out, ReduceOp::Avg)
+                    } else {
+                        comm.reduce_scatter(grads, out, ReduceOp::Avg)
+                    }
                 },
             )?;
             Reduction::ReduceScatter {

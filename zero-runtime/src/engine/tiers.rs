@@ -101,7 +101,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 "; hpZ (H = {size}): the second gather of each micro-step inside the node, K(Ψ+Φ)(H-1)/H intra-node in place of K(Ψ+Φ)(S-1)/S"
             ));
         }
-        if let Some(nodes) = layout.nodes_per_shard_group() {
+        if let Some(nodes) = self.comm.node_first_nodes() {
             // mics_hierarchical_params_gather: each shard-group gather of a bucket sends
             // n/k − n/S inside the node and n − n/k across, instead of n − n/S across.
             let gathers = k * if self.comm.secondary().is_some() {
@@ -126,7 +126,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         if layout.replicas() > 1 {
             let (rho, r) = (layout.replica(), layout.replicas());
-            let reductions = if self.policy.shards_gradients() && self.host_grads().is_some() {
+            let reductions = if self.policy.shards_gradients() && !self.replicas_reduce_at_step() {
                 k
             } else {
                 1
@@ -159,6 +159,14 @@ enum WindowSum {
 }
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
+    /// Whether stages 2–3's reduce-scatters stay inside the shard group and the window's
+    /// sum crosses the replicas once, in [`sync_replicas`](Self::sync_replicas): the
+    /// partitions on the device. With them in host memory (`offload_optimizer`) each
+    /// reduction is all-reduced across the replicas before it crosses.
+    pub(super) fn replicas_reduce_at_step(&self) -> bool {
+        self.policy.shards_gradients() && self.host_grads().is_none()
+    }
+
     /// The second half of stages 2–3's reductions with shard groups: each trainable
     /// bucket's window sum (its carry when a micro-step was reopened, else its reduced
     /// partition) all-reduced across the replicas, bucket by bucket in the same order on
@@ -167,10 +175,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// (whose one reduction per step is chained across the replicas already) and with the
     /// partitions in host memory (each reduction was all-reduced before it crossed).
     pub(super) fn sync_replicas(&mut self) -> Result<(), EngineError> {
-        if !self.comm.has_replicas()
-            || !self.policy.shards_gradients()
-            || self.host_grads().is_some()
-        {
+        if !self.comm.has_replicas() || !self.replicas_reduce_at_step() {
             return Ok(());
         }
         // Every bucket's all-reduce is issued before the first is waited for (they run

@@ -149,6 +149,34 @@ impl OpDesc {
     }
 }
 
+/// A split's message from one rank, for the backends that split by exchanging bytes
+/// (`ShmComm`, `RelayComm`): `color` then `key`, 8 little-endian bytes each (a backend may
+/// append more).
+pub(crate) fn split_message(color: usize, key: usize) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[..8].copy_from_slice(&(color as u64).to_le_bytes());
+    m[8..].copy_from_slice(&(key as u64).to_le_bytes());
+    m
+}
+
+/// The new group of `color` from every rank's [`split_message`] (in rank order): the
+/// parent ranks of its members, ordered by key, ties by parent rank.
+pub(crate) fn split_members(all: &[Vec<u8>], color: usize) -> Vec<usize> {
+    let word = |b: &[u8], i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8 * i..8 * i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let mut members: Vec<(u64, usize)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.len() >= 16 && word(b, 0) == color as u64)
+        .map(|(r, b)| (word(b, 1), r))
+        .collect();
+    members.sort_unstable();
+    members.into_iter().map(|(_, r)| r).collect()
+}
+
 fn same_dtype<B: CommBuffer>(a: &B, b: &B) -> Result<(), String> {
     if a.dtype() == b.dtype() {
         Ok(())

@@ -28,7 +28,7 @@
 //! machine and relay groups across machines.
 
 use crate::buffer::{HostBuffer, HostElement};
-use crate::op::{even_split, Issued, OpDesc};
+use crate::op::{even_split, split_members, split_message, Issued, OpDesc};
 use crate::reduce::reduce_into;
 use crate::{CommError, CommStats, Communicator, Completion, OpKind, ReduceOp};
 use half::{bf16, f16};
@@ -105,26 +105,51 @@ impl<T> Completion for RelayWork<T> {
 /// Bytes of one description in the agreement exchange.
 const DESC_BYTES: usize = 32;
 
+/// The dtypes and reduce ops in a description, numbered from 1 (0: none).
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max];
+
+fn code<T: PartialEq>(table: &[T], v: Option<T>) -> u8 {
+    v.and_then(|v| table.iter().position(|t| *t == v))
+        .map_or(0, |i| i as u8 + 1)
+}
+
+fn entry<T: Copy>(table: &[T], code: u8) -> Option<T> {
+    usize::from(code)
+        .checked_sub(1)
+        .and_then(|i| table.get(i).copied())
+}
+
 fn encode(desc: &OpDesc, ok: bool) -> [u8; DESC_BYTES] {
     let mut b = [0u8; DESC_BYTES];
-    b[0] = desc.kind as u8 + 1;
-    b[1] = match desc.dtype {
-        None => 0,
-        Some(DType::F32) => 1,
-        Some(DType::F16) => 2,
-        Some(DType::BF16) => 3,
-    };
-    b[2] = match desc.reduce {
-        None => 0,
-        Some(ReduceOp::Sum) => 1,
-        Some(ReduceOp::Avg) => 2,
-        Some(ReduceOp::Max) => 3,
-    };
+    b[0] = code(&OpKind::ALL, Some(desc.kind));
+    b[1] = code(&DTYPES, desc.dtype);
+    b[2] = code(&OPS, desc.reduce);
     b[3] = u8::from(desc.split);
     b[4] = u8::from(ok);
     b[8..16].copy_from_slice(&(desc.count as u64).to_le_bytes());
     b[16..24].copy_from_slice(&desc.root.map_or(u64::MAX, |r| r as u64).to_le_bytes());
     b
+}
+
+/// The description `b` encodes (for a mismatch's message), if it is one.
+fn decode(b: &[u8]) -> Option<OpDesc> {
+    if b.len() != DESC_BYTES {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    Some(OpDesc {
+        kind: entry(&OpKind::ALL, b[0])?,
+        dtype: entry(&DTYPES, b[1]),
+        count: word(8) as usize,
+        reduce: entry(&OPS, b[2]),
+        root: (word(16) != u64::MAX).then(|| word(16) as usize),
+        split: b[3] == 1,
+    })
 }
 
 fn split_counts(n: usize, world: usize) -> Vec<usize> {
@@ -187,7 +212,10 @@ impl RelayComm {
             let detail = all
                 .iter()
                 .enumerate()
-                .map(|(r, b)| format!("rank {r}: {}", describe(b)))
+                .map(|(r, b)| match decode(b) {
+                    Some(d) => format!("rank {r}: {d}"),
+                    None => format!("rank {r}: {} bytes, not a description", b.len()),
+                })
                 .collect::<Vec<_>>()
                 .join(", ");
             return Err(self.fail(CommError::Mismatch { seq, detail }));
@@ -207,30 +235,6 @@ impl RelayComm {
         self.stats.set(stats);
         f(self.relay.as_ref()).map_err(|reason| self.backend(seq, &desc, reason))
     }
-}
-
-/// A received description, for a mismatch's message.
-fn describe(b: &[u8]) -> String {
-    if b.len() != DESC_BYTES {
-        return format!("{} bytes, not a description", b.len());
-    }
-    if b[3] == 1 {
-        return "split".into();
-    }
-    let kind = OpKind::ALL
-        .get(usize::from(b[0]).wrapping_sub(1))
-        .map_or("?", |k| k.name());
-    let dtype = ["", " f32", " f16", " bf16"]
-        .get(usize::from(b[1]))
-        .copied()
-        .unwrap_or(" ?");
-    let op = ["", "(Sum)", "(Avg)", "(Max)"]
-        .get(usize::from(b[2]))
-        .copied()
-        .unwrap_or("(?)");
-    let mut count = [0u8; 8];
-    count.copy_from_slice(&b[8..16]);
-    format!("{kind}{op} of {}{dtype}", u64::from_le_bytes(count))
 }
 
 /// The `world` pieces received in `recv` (each `len` long) reduced in rank order into `out`.
@@ -347,26 +351,11 @@ impl Communicator for RelayComm {
     fn split(&self, color: usize, key: usize) -> Result<Self, CommError> {
         let desc = OpDesc::split();
         let seq = self.agree(&desc, Ok(()))?;
-        let mut mine = [0u8; 16];
-        mine[..8].copy_from_slice(&(color as u64).to_le_bytes());
-        mine[8..].copy_from_slice(&(key as u64).to_le_bytes());
         let all = self
             .relay
-            .exchange(&mine)
+            .exchange(&split_message(color, key))
             .map_err(|reason| self.backend(seq, &desc, reason))?;
-        let mut members: Vec<(&[u8], usize)> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.len() == 16 && b[..8] == mine[..8])
-            .map(|(r, b)| (&b[8..], r))
-            .collect();
-        // Ranked by key (little-endian bytes compared as numbers), ties by rank.
-        members.sort_by_key(|&(k, r)| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(k);
-            (u64::from_le_bytes(w), r)
-        });
-        let ranks: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
+        let ranks = split_members(&all, color);
         let relay = self
             .relay
             .subgroup(&ranks)

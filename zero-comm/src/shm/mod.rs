@@ -21,7 +21,7 @@ mod watch;
 
 use crate::buffer::HostBuffer;
 use crate::launch::{IdExchange, LaunchEnv, TcpRendezvous};
-use crate::op::{Issued, OpDesc};
+use crate::op::{split_members, split_message, Issued, OpDesc};
 use crate::{CommError, CommStats, Communicator, Completion, ReduceOp};
 use collective::{Run, ShmElement};
 use half::{bf16, f16};
@@ -369,32 +369,20 @@ impl Communicator for ShmComm {
         // group's rank 0 (lowest key, then parent rank) names its socket after its own.
         let nonce = setup::nonce()?;
         let mut mine = Vec::with_capacity(32);
-        mine.extend_from_slice(&(color as u64).to_le_bytes());
-        mine.extend_from_slice(&(key as u64).to_le_bytes());
+        mine.extend_from_slice(&split_message(color, key));
         mine.extend_from_slice(&nonce);
         let mut all = Vec::new();
         self.run(&OpDesc::split(), |run| {
             all = run.exchange(&mine)?;
             Ok(())
         })?;
-        let word = |b: &[u8], i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[8 * i..8 * i + 8]);
-            u64::from_le_bytes(w)
-        };
-        let mut members: Vec<(u64, usize)> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| word(b, 0) == color as u64)
-            .map(|(r, b)| (word(b, 1), r))
-            .collect();
-        members.sort_unstable();
+        let members = split_members(&all, color);
         let world = members.len();
         let rank = members
             .iter()
-            .position(|&(_, r)| r == self.rank)
+            .position(|&r| r == self.rank)
             .ok_or(CommError::Disconnected)?;
-        let leader_nonce = &all[members[0].1][16..32];
+        let leader_nonce = &all[members[0]][16..32];
         let deadline = std::time::Instant::now() + self.timeout;
         let seg = self.split_segment(rank, world, leader_nonce, deadline)?;
         ShmComm::start(seg, rank, world, self.timeout)

@@ -3,6 +3,7 @@
 
 mod buffer;
 mod communicator;
+mod cpu;
 mod device;
 mod error;
 mod group;
@@ -19,6 +20,7 @@ mod wait;
 
 pub use buffer::{CommBuffer, HostBuffer, HostElement, HostVec, Lease, Leased};
 pub use communicator::{Communicator, Completion};
+pub use cpu::{CpuComm, CpuWork, Spanning};
 pub use device::{DeviceComm, DeviceGroup, DeviceWork};
 pub use error::CommError;
 pub use group::{GroupComm, GroupWork, DEFAULT_TIMEOUT};

@@ -159,6 +159,13 @@ pub(crate) fn split_message(color: usize, key: usize) -> [u8; 16] {
     m
 }
 
+/// The colour in one rank's [`split_message`] (`None` for fewer than 16 bytes).
+pub(crate) fn split_color(b: &[u8]) -> Option<u64> {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b.get(..8).filter(|_| b.len() >= 16)?);
+    Some(u64::from_le_bytes(w))
+}
+
 /// The new group of `color` from every rank's [`split_message`] (in rank order): the
 /// parent ranks of its members, ordered by key, ties by parent rank.
 pub(crate) fn split_members(all: &[Vec<u8>], color: usize) -> Vec<usize> {

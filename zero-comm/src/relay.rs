@@ -23,9 +23,8 @@
 //! [`CommError::Backend`] naming the collective; the group is broken from then on, as
 //! every backend's is. Collectives run in the calling thread; the handle is ready.
 //!
-//! Not built yet (docs/GLOO_TIER.md): zero_torch's relay over gloo, and the host engine's
-//! communicator that splits a machine-spanning world into shared-memory groups inside a
-//! machine and relay groups across machines.
+//! [`CpuComm`](crate::CpuComm) puts it under the host engine for ranks on several
+//! machines; zero_torch's relay is torch's gloo group (docs/GLOO_TIER.md).
 
 use crate::buffer::{HostBuffer, HostElement};
 use crate::op::{even_split, split_members, split_message, Issued, OpDesc};
@@ -237,6 +236,35 @@ impl RelayComm {
     }
 }
 
+impl RelayComm {
+    /// A split's first half: agrees with every rank that it splits, then exchanges
+    /// `(color, key)`; returns the split's position and every rank's
+    /// [`split_message`], in rank order (for `split_members`).
+    pub(crate) fn split_messages(
+        &self,
+        color: usize,
+        key: usize,
+    ) -> Result<(u64, Vec<Vec<u8>>), CommError> {
+        let desc = OpDesc::split();
+        let seq = self.agree(&desc, Ok(()))?;
+        let all = self
+            .relay
+            .exchange(&split_message(color, key))
+            .map_err(|reason| self.backend(seq, &desc, reason))?;
+        Ok((seq, all))
+    }
+
+    /// A split's second half: the group of `ranks` (this group's ranks, in the new
+    /// group's order, this one among them) over a relay subgroup, made by those ranks only.
+    pub(crate) fn subgroup(&self, seq: u64, ranks: &[usize]) -> Result<RelayComm, CommError> {
+        let relay = self
+            .relay
+            .subgroup(ranks)
+            .map_err(|reason| self.backend(seq, &OpDesc::split(), reason))?;
+        Ok(RelayComm::new(relay))
+    }
+}
+
 /// The `world` pieces received in `recv` (each `len` long) reduced in rank order into `out`.
 fn reduce_pieces<T: HostElement>(
     recv: &HostBuffer,
@@ -349,18 +377,8 @@ impl Communicator for RelayComm {
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Self, CommError> {
-        let desc = OpDesc::split();
-        let seq = self.agree(&desc, Ok(()))?;
-        let all = self
-            .relay
-            .exchange(&split_message(color, key))
-            .map_err(|reason| self.backend(seq, &desc, reason))?;
-        let ranks = split_members(&all, color);
-        let relay = self
-            .relay
-            .subgroup(&ranks)
-            .map_err(|reason| self.backend(seq, &desc, reason))?;
-        Ok(RelayComm::new(relay))
+        let (seq, all) = self.split_messages(color, key)?;
+        self.subgroup(seq, &split_members(&all, color))
     }
 
     fn stats(&self) -> CommStats {

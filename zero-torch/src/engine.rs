@@ -10,6 +10,7 @@
 
 use crate::errors::{to_py, ZeroError};
 use crate::exchange::PyExchange;
+use crate::relay::PyRelay;
 use crate::results::{
     CommReport, ExternalPiece, HfLoad, LaunchInfo, MemoryReport, StepCounts, StepOutcome,
 };
@@ -139,9 +140,12 @@ impl NativeEngine {
     /// shared memory), `"cuda:N"` (GPU `N`, NCCL) or `"cuda"` (the local rank's GPU).
     /// `id_exchange(id, timeout_s)` hands rank 0's id to every rank (torch's store:
     /// `_dist.id_exchange`); without it zero's own rendezvous does, on the port the
-    /// launcher's variables imply.
+    /// launcher's variables imply. On the CPU with ranks on several machines, `machines`
+    /// names every rank's machine and `relay` (`_gloo_tier.GlooRelay`) carries what
+    /// crosses them; `id_exchange` is then this machine's.
     #[new]
-    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", id_exchange=None))]
+    #[pyo3(signature = (config_json, modules, values, timeout_s=300.0, device="cpu", id_exchange=None, machines=None, relay=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         config_json: &str,
@@ -150,13 +154,29 @@ impl NativeEngine {
         timeout_s: f64,
         device: &str,
         id_exchange: Option<Py<PyAny>>,
+        machines: Option<Vec<usize>>,
+        relay: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let model = Model::read(modules, &values)?;
         let env = start::launch_env()?;
         let timeout = Duration::from_secs_f64(timeout_s.max(1.0));
         let exchange = id_exchange.map(|f| PyExchange::new(f, "torch's store"));
         let inner = match start::Placement::parse(device)? {
-            start::Placement::Cpu => start::host(py, &env, config_json, model, timeout, exchange)?,
+            start::Placement::Cpu => {
+                let machines = match (machines, relay) {
+                    (Some(of_rank), Some(relay)) => Some(start::Machines {
+                        of_rank,
+                        relay: PyRelay::new(py, relay)?,
+                    }),
+                    (None, None) => None,
+                    _ => {
+                        return Err(PyValueError::new_err(
+                            "machines and relay come together (ranks on several machines) or not at all",
+                        ))
+                    }
+                };
+                start::host(py, &env, config_json, model, timeout, exchange, machines)?
+            }
             start::Placement::Cuda(ordinal) => {
                 start::cuda(py, &env, config_json, model, timeout, ordinal, exchange)?
             }

@@ -7,6 +7,7 @@ mod engine;
 mod errors;
 mod exchange;
 mod host_memory;
+mod relay;
 mod resolved;
 mod results;
 mod start;

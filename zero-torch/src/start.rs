@@ -1,22 +1,25 @@
 //! Joining the job and building this rank's engine: on the CPU over the shared-memory group
-//! (`Engine<ShmComm, HostDevice>`), or on the process's GPU over NCCL
+//! and, for ranks on several machines, torch's gloo group between them
+//! (`Engine<CpuComm, HostDevice>`), or on the process's GPU over NCCL
 //! (`Engine<NcclComm, CudaDevice>`). Every rank starts from rank 0's initial values:
 //! `initialize` broadcast the model over torch's group, as DeepSpeed does, and the engine
 //! reads each rank's tensors.
 
 use crate::errors::{comm_to_py, device_to_py, to_py, ZeroError};
 use crate::exchange::PyExchange;
+use crate::relay::PyRelay;
 use crate::tensors;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::time::Duration;
 use zero_comm::launch::LaunchEnv;
 use zero_comm::nccl::NcclComm;
-use zero_comm::{Communicator, ShmComm, ShmGroup};
+use zero_comm::{CommError, Communicator, CpuComm, RelayComm, ShmGroup};
 use zero_runtime::{CudaDevice, Engine, HostDevice, ModuleSpec, ParamSpec, ZeroConfig};
 
-/// The CPU engine: one process per rank over shared memory.
-pub type HostEngine = Engine<ShmComm, HostDevice>;
+/// The CPU engine: one process per rank, over shared memory on one machine and torch's
+/// gloo group between machines.
+pub type HostEngine = Engine<CpuComm, HostDevice>;
 /// The GPU engine: one process per rank and GPU over NCCL, on torch's CUDA tensors.
 pub type CudaEngine = Engine<NcclComm, CudaDevice>;
 
@@ -155,8 +158,19 @@ fn read_config(config_json: &str, world: usize) -> PyResult<ZeroConfig> {
         .map_err(|e| crate::errors::ConfigError::new_err(e.to_string()))
 }
 
-/// Joins the job on the CPU and builds the host engine; the segment is handed out through
-/// `exchange` (torch's store), else zero's rendezvous.
+/// Ranks on several machines: which machine each rank is on (ranks with the same number
+/// share one), and the relay between them (torch's gloo group).
+pub struct Machines {
+    /// Every rank's machine, by rank.
+    pub of_rank: Vec<usize>,
+    /// This rank's relay over every rank.
+    pub relay: PyRelay,
+}
+
+/// Joins the job on the CPU and builds the host engine. On one machine (`machines` is
+/// `None`) every rank joins one shared-memory group, handed out through `exchange`
+/// (torch's store), else zero's rendezvous. On several, each machine's ranks join their
+/// own (`exchange` is this machine's), and the relay carries what crosses machines.
 pub fn host(
     py: Python<'_>,
     env: &LaunchEnv,
@@ -164,16 +178,51 @@ pub fn host(
     model: Model<'_, '_>,
     timeout: Duration,
     exchange: Option<PyExchange>,
+    machines: Option<Machines>,
 ) -> PyResult<Inner> {
     let comm = py
-        .detach(|| match exchange {
-            Some(mut via) => ShmGroup::init_with(env, timeout, &mut via),
-            None => ShmGroup::init(env, timeout),
+        .detach(|| match (machines, exchange) {
+            (None, Some(mut via)) => ShmGroup::init_with(env, timeout, &mut via).map(CpuComm::Shm),
+            (None, None) => ShmGroup::init(env, timeout).map(CpuComm::Shm),
+            (Some(m), Some(mut via)) => {
+                let here = on_machine(env, &m.of_rank)?;
+                let shm = ShmGroup::init_with(&here, timeout, &mut via)?;
+                CpuComm::spanning(RelayComm::new(Box::new(m.relay)), shm, m.of_rank)
+            }
+            (Some(_), None) => Err(CommError::InvalidArgument {
+                rank: env.rank,
+                op: "start-up over several machines".into(),
+                reason: "each machine's shared-memory group needs an id exchange (torch's store)"
+                    .into(),
+            }),
         })
         .map_err(comm_to_py)?;
     let mut cfg = read_config(config_json, comm.world_size())?;
     cfg.ranks_per_node = env.local_world_size;
     Ok(Inner::Host(model.build(cfg, comm, HostDevice)?))
+}
+
+/// `env` narrowed to this rank's machine: its place among the machine's ranks (in rank
+/// order) and their number.
+fn on_machine(env: &LaunchEnv, of_rank: &[usize]) -> Result<LaunchEnv, CommError> {
+    let mine = of_rank
+        .get(env.rank)
+        .ok_or_else(|| CommError::InvalidArgument {
+            rank: env.rank,
+            op: "start-up over several machines".into(),
+            reason: format!(
+                "machines named for {} ranks in a world of {}",
+                of_rank.len(),
+                env.world_size
+            ),
+        })?;
+    let here: Vec<usize> = (0..of_rank.len())
+        .filter(|&r| of_rank[r] == *mine)
+        .collect();
+    let mut narrowed = env.clone();
+    narrowed.rank = here.iter().position(|&r| r == env.rank).unwrap_or(0);
+    narrowed.world_size = here.len();
+    Ok(narrowed)
 }
 
 /// Where a `NativeEngine` trains, from its `device` argument: `"cpu"`, `"cuda"` (the GPU

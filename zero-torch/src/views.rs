@@ -20,7 +20,8 @@ use pyo3::prelude::*;
 use zero_kernels::DType;
 use zero_sys::python::dlpack::{capsule, host_capsule, DlDevice, DlElement, SharedMemory};
 
-fn element(dtype: DType) -> DlElement {
+/// The DLPack element type of `dtype`.
+pub(crate) fn element(dtype: DType) -> DlElement {
     match dtype {
         DType::F32 => DlElement::F32,
         DType::F16 => DlElement::F16,

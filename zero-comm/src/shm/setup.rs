@@ -238,7 +238,8 @@ pub(crate) fn receive(
             return Err(startup_error(format!(
                 "rank {} cannot reach rank 0's shared memory ({last}): every rank of the \
                  shared-memory group must run on rank 0's machine ({}); across machines use \
-                 --device cuda (NCCL)",
+                 --device cuda (NCCL), or zero_torch, which finds the machines and joins \
+                 them over torch's gloo group (docs/GLOO_TIER.md)",
                 rank, master_addr
             )));
         }

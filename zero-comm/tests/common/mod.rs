@@ -1,5 +1,8 @@
 //! Shared by the zero-comm test suites.
 
+pub mod meeting;
+pub mod sweep;
+
 /// Runs `f` once per rank, each on its own thread; returns the results in rank order.
 #[allow(dead_code)] // not every suite uses it
 pub fn run_ranks<C: Send, R: Send>(comms: Vec<C>, f: impl Fn(C) -> R + Sync) -> Vec<R> {

@@ -219,7 +219,7 @@ _EXCHANGES = [0]
 """How many engines :func:`id_exchange` has served in this process (each gets its own key)."""
 
 
-def id_exchange() -> Optional[IdExchange]:
+def id_exchange(scope: Optional[str] = None) -> Optional[IdExchange]:
     """How this engine's ranks hand each other rank 0's id (the shared-memory group's
     nonce, NCCL's unique id): through torch's store, the one torch's default group was
     made with, so zero opens no port of its own beside torch's (``torch.distributed``
@@ -227,11 +227,14 @@ def id_exchange() -> Optional[IdExchange]:
     torch's group: then zero's own rendezvous runs, on the port the launcher's variables
     imply (``MASTER_PORT + 1`` under torchrun). No collective: every rank calls this once
     per engine, in the same order (the key counts engines); rank 0 sets the key, the others
-    wait for it until the timeout, so a rank 0 that never comes is an error naming the key."""
+    wait for it until the timeout, so a rank 0 that never comes is an error naming the key.
+
+    ``scope`` (``"machine/M"``: ranks on several machines, :mod:`._gloo_tier`) gives each
+    machine's shared-memory group its own key; its first rank is the group's rank 0."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     _EXCHANGES[0] += 1
-    key = f"zero_torch/engine/{_EXCHANGES[0]}/id"
+    key = f"zero_torch/engine/{_EXCHANGES[0]}/" + (f"{scope}/" if scope else "") + "id"
     store = dist.distributed_c10d._get_default_store()
 
     def exchange(id: Optional[bytes], timeout_s: float) -> bytes:

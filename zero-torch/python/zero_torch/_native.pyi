@@ -172,7 +172,11 @@ class NativeEngine:
         timeout_s: float = 300.0,
         device: str = "cpu",
         id_exchange: Optional[Callable[[Optional[bytes], float], bytes]] = None,
-    ) -> "NativeEngine": ...
+        machines: Optional[Sequence[int]] = None,
+        relay: Optional[Any] = None,
+    ) -> "NativeEngine":
+        """``machines`` (every rank's machine) and ``relay`` (``_gloo_tier.GlooRelay``):
+        CPU ranks on several machines; ``id_exchange`` is then this machine's."""
     @property
     def rank(self) -> int: ...
     @property

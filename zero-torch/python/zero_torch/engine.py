@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, TYPE_CHECKING, Tuple, Union
 
 import torch
 
-from . import _dist, _hooks, _lazy_init, _native, _param_protocol, _placeholder
+from . import _dist, _gloo_tier, _hooks, _lazy_init, _native, _param_protocol, _placeholder
 from ._ckpt import CheckpointMethods
 from ._engine_api import DEEPSPEED_ENGINE_MEMBERS, DeepSpeedEngineAPI
 from ._hf import HfCheckpointMethods
@@ -89,9 +89,13 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
             torch.cuda.set_device(self.device)
         self.module = model
         self._timeout_s = timeout_s
-        # Taken now, in the order every rank builds its engines: rank 0's id reaches the
+        # Taken now, in the order every rank builds its engines: whether the CPU ranks span
+        # machines (then each machine's shared-memory group has its own key, and gloo
+        # carries what crosses machines: _gloo_tier), and rank 0's id, which reaches the
         # others through torch's store under this engine's own key (_dist.id_exchange).
-        self._id_exchange = _dist.id_exchange()
+        self._cpu_tier = _gloo_tier.cpu_tier(timeout_s) if self.device.type == "cpu" else None
+        scope = None if self._cpu_tier is None else f"machine/{self._cpu_tier.machine}"
+        self._id_exchange = _dist.id_exchange(scope)
         self._plan = plan if plan is not None else Plan(kind="none", basic=None)
         self.client_lr_scheduler = lr_scheduler
         """A scheduler given to ``initialize``. What ``step()`` steps is
@@ -177,7 +181,9 @@ class ZeroEngine(CheckpointMethods, HfCheckpointMethods, DeepSpeedEngineAPI):
         try:
             native = _native.NativeEngine(
                 json.dumps(self._native_config), modules, values, self._timeout_s, str(self.device),
-                self._id_exchange
+                self._id_exchange,
+                None if self._cpu_tier is None else self._cpu_tier.machines,
+                None if self._cpu_tier is None else self._cpu_tier.relay,
             )
         finally:
             fill.release()

@@ -47,7 +47,10 @@ def run(engine_kind: str, runs: List[Dict[str, Any]], steps: int, batch: int) ->
         with deepspeed.zero.GatheredParameters(params, enabled=r["stage"] == 3):
             whole = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
         comm = engine.comm_report() if engine_kind == "zero" else None
-        out.append({"losses": losses, "params": whole, "comm": comm})
+        # The machines zero found (None: one machine, every rank over shared memory).
+        tier = getattr(engine, "_cpu_tier", None)
+        out.append({"losses": losses, "params": whole, "comm": comm,
+                    "machines": None if tier is None else tier.machines})
         if hasattr(engine, "destroy"):
             engine.destroy()
     return out

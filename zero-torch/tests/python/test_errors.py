@@ -193,6 +193,19 @@ def test_a_killed_rank_raises_on_the_others_within_seconds(job: Any) -> None:
     assert r["after"] < 30
 
 
+def test_a_killed_rank_on_another_machine_raises_on_the_others_within_seconds(job: Any) -> None:
+    """The same over the CPU inter-node tier: each rank a machine of its own
+    (``ZERO_CPU_INTER_NODE=gloo`` with one rank per launcher node), so every collective
+    crosses torch's gloo group, whose connection to the killed rank closes."""
+    env = {"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0", "ZERO_CPU_INTER_NODE": "gloo"}
+    results = job(2, "killed_mid_collective", {"stage": 3}, timeout=300, kill_rank=1, kill_after=0.5, env=env)
+    r = results[0]
+    assert r.get("raised") == "CommError", r
+    assert "failed in the backend" in r["message"], r["message"]
+    print(f"rank 0 raised {r['raised']} {r['after']:.2f} s after rank 1 was killed: {r['message'][:300]}")
+    assert r["after"] < 30
+
+
 def test_a_rank_with_another_model_fails_every_rank(job: Any) -> None:
     results = job(2, "mismatched_model", {}, timeout=300)
     for rank, r in enumerate(results):

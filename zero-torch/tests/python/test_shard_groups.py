@@ -18,8 +18,12 @@ to try a multi-node launch on one box (issue 50).
   at stages 1-2 and across nodes with one-node shard groups (see the test for stage 3's
   gathers).
 
-The inter-node tier here is the shared-memory group too (the two "nodes" are one
-machine); across real machines zero_torch trains on GPUs (NCCL sub-communicators).
+The inter-node tier of those runs is the shared-memory group too (the two "nodes" are one
+machine). A third launch runs every zero configuration again with
+``ZERO_CPU_INTER_NODE=gloo``, which takes each launcher node as a machine of its own: each
+node's ranks over their own shared-memory group and torch's gloo group between the nodes
+(docs/GLOO_TIER.md), as on two real machines. Its losses, parameters and comm report are
+the shared-memory runs' bit for bit.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -65,14 +69,14 @@ def is_flat(run: Dict[str, Any]) -> bool:
 DS_RUNS = [{"stage": 3}, {"stage": 3, "zero": {"zero_hpz_partition_size": 2}}]
 
 
-def two_nodes(engine: str, runs: List[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
-    """Runs ``shard_group_workers.py`` under two torchrun agents of 2 processes each;
-    returns every rank's results."""
+def two_nodes(engine: str, runs: List[Dict[str, Any]], extra: Optional[Dict[str, str]] = None) -> List[List[Dict[str, Any]]]:
+    """Runs ``shard_group_workers.py`` under two torchrun agents of 2 processes each
+    (``extra``: more variables); returns every rank's results."""
     out = Path(tempfile.mkdtemp(prefix="zt-nodes-"))
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k != "ZERO_CPU_INTER_NODE"}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path),
-                "DS_ACCELERATOR": "cpu"})
+                "DS_ACCELERATOR": "cpu", **(extra or {})})
     args = json.dumps({"engine": engine, "runs": runs, "steps": STEPS, "batch": BATCH, "out": str(out)})
     agents = []
     for node in range(2):
@@ -99,7 +103,11 @@ def two_nodes(engine: str, runs: List[Dict[str, Any]]) -> List[List[Dict[str, An
 
 @pytest.fixture(scope="module")
 def runs() -> Dict[str, List[Dict[str, Any]]]:
-    return {"zero": two_nodes("zero", ZERO_RUNS)[0], "deepspeed": two_nodes("deepspeed", DS_RUNS)[0]}
+    return {
+        "zero": two_nodes("zero", ZERO_RUNS)[0],
+        "deepspeed": two_nodes("deepspeed", DS_RUNS)[0],
+        "gloo": two_nodes("zero", ZERO_RUNS, {"ZERO_CPU_INTER_NODE": "gloo"})[0],
+    }
 
 
 def max_rel(a: Dict[str, Any], b: Dict[str, Any]) -> float:
@@ -180,3 +188,15 @@ def test_comm_report_per_tier_is_the_formula(runs: Dict[str, List[Dict[str, Any]
         elif not hpz:
             # Flat over two nodes: everything counts as inter-node.
             assert c["intra_node"] == 0 and c["inter_node"] > 0, (run, c)
+
+
+def test_the_gloo_tier_between_machines_gives_the_shared_memory_runs_bits(runs: Dict[str, List[Dict[str, Any]]]) -> None:
+    """Every configuration with the nodes as two machines (shared memory inside each, gloo
+    between them): zero reduces in its own order whatever carries the bytes, so the
+    losses, the parameters and the comm report are the one-machine runs' exactly."""
+    for i, run in enumerate(ZERO_RUNS):
+        g, z = runs["gloo"][i], runs["zero"][i]
+        assert g["machines"] == [0, 0, 1, 1] and z["machines"] is None, (run, g["machines"], z["machines"])
+        assert g["losses"] == z["losses"], run
+        assert same_bits(g["params"], z["params"]), run
+        assert g["comm"] == z["comm"], (run, g["comm"], z["comm"])

@@ -207,8 +207,17 @@ def host_group() -> Any:
     if dist.get_backend() == "gloo":
         return None
     if not _HOST_GROUP:
-        _HOST_GROUP.append(dist.new_group(backend="gloo", timeout=default_timeout()))
+        _HOST_GROUP.append(new_gloo_group(list(range(dist.get_world_size())), default_timeout()))
     return _HOST_GROUP[0]
+
+
+def new_gloo_group(ranks: List[int], timeout: datetime.timedelta, local: bool = False) -> Any:
+    """A gloo group over ``ranks`` (``local``: made by those ranks only,
+    ``use_local_synchronization``); the process then waits for gloo's workers at exit
+    (:func:`_at_exit`), whatever the default group's backend."""
+    _EXIT["gloo"] = True
+    _leave_cleanly(own=False)
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=local)
 
 
 IdExchange = Callable[[Optional[bytes], float], bytes]

@@ -122,8 +122,7 @@ class GlooRelay:
         """The relay over ``ranks`` (this group's ranks, in the new group's order), made by
         those ranks only (``use_local_synchronization``)."""
         members = [self.ranks[r] for r in ranks]
-        group = dist.new_group(ranks=members, backend="gloo", timeout=self.timeout,
-                               use_local_synchronization=True)
+        group = _dist.new_gloo_group(members, self.timeout, local=True)
         return GlooRelay(group, members, self.timeout)
 
 
@@ -180,5 +179,5 @@ def cpu_tier(timeout_s: float) -> Optional[CpuTier]:
     first: dict = {}
     machines = [first.setdefault(n, len(first)) for n in names]
     timeout = datetime.timedelta(seconds=timeout_s)
-    group = dist.new_group(ranks=list(range(world)), backend="gloo", timeout=timeout)
+    group = _dist.new_gloo_group(list(range(world)), timeout)
     return CpuTier(machines=machines, relay=GlooRelay(group, list(range(world)), timeout))

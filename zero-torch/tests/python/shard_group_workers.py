@@ -1,6 +1,8 @@
 """What ``test_shard_groups.py`` runs on each rank of a 2-node launch (two ``torchrun``
 agents on one machine): several trainings of the tiny Llama at stage 1-3 with shard
-groups (``mics_shard_size``) and hpZ (``zero_hpz_partition_size``), through the compat
+groups (``mics_shard_size``) and hpZ (``zero_hpz_partition_size``), with accumulation
+(``gas``: each rank's share of a batch in that many micro-batches), clipping, offload and
+fp16 where a run says so, through the compat
 line (``zero``) or DeepSpeed itself (``deepspeed``); each rank pickles its results to
 ``OUT/rank{R}.pkl``."""
 
@@ -33,16 +35,20 @@ def run(engine_kind: str, runs: List[Dict[str, Any]], steps: int, batch: int) ->
     out = []
     for r in runs:
         m = models.build("llama")
-        cfg = config(r["stage"], "fp32", 1, batch, extra={"zero_optimization": r.get("zero", {})})
+        gas = r.get("gas", 1)
+        cfg = config(r["stage"], r.get("dtype", "fp32"), gas, batch, clip=r.get("clip", 0.0),
+                     extra={"zero_optimization": r.get("zero", {})})
         if engine_kind == "deepspeed":
             cfg["optimizer"]["params"]["torch_adam"] = True
         engine, _, _, _ = deepspeed.initialize(model=m, config=cfg, model_parameters=m.parameters())
         losses = []
         for ids in models.batches(steps, batch, 1):
-            loss = models.loss_of(engine, models.shard(ids, rank, world))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
+            mine = models.shard(ids, rank, world)
+            for k in range(gas):
+                loss = models.loss_of(engine, models.micro(mine, k, gas))
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
         params = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(params, enabled=r["stage"] == 3):
             whole = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}

@@ -12,6 +12,9 @@ to try a multi-node launch on one box (issue 50).
   ``test_deepspeed.py``'s bound (1e-5 relative on the losses: the two round the reduction
   and the update in different orders). DeepSpeed 0.19.8 refuses ``mics_shard_size``, so
   zero's shard groups are held against its flat run.
+- The same with accumulation and clipping (stage 2, shard sizes 2 and 1) and the
+  optimizer's partitions in host memory (stage 3): each within those bounds of its own
+  flat run; fp16 with loss scaling (stage 1) within fp16's (see the test).
 - ``mics_hierarchical_params_gather`` on the flat layout (one shard group over both nodes):
   the flat run's bits, with part of each gather inside the node.
 - The comm report's intra-node and inter-node elements equal the formulas to the element
@@ -58,12 +61,30 @@ ZERO_RUNS = [
     {"stage": 2, "zero": {**EXACT, "mics_shard_size": 2}},
     # The world's one shard group spans both nodes: gathered inside each node, then across.
     {"stage": 3, "zero": {**EXACT, "mics_hierarchical_params_gather": True}},
+    # Accumulation (2 micro-batches per step) with clipping, at shard sizes 4 (flat), 2, 1.
+    {"stage": 2, "gas": 2, "clip": 0.5, "zero": EXACT},
+    {"stage": 2, "gas": 2, "clip": 0.5, "zero": {**EXACT, "mics_shard_size": 2}},
+    {"stage": 2, "gas": 2, "clip": 0.5, "zero": {**EXACT, "mics_shard_size": 1}},
+    # The optimizer's partitions in host memory.
+    {"stage": 3, "zero": {**EXACT, "offload_optimizer": {"device": "cpu"}}},
+    {"stage": 3, "zero": {**EXACT, "offload_optimizer": {"device": "cpu"}, "mics_shard_size": 2}},
+    # fp16 with dynamic loss scaling.
+    {"stage": 1, "dtype": "fp16", "zero": EXACT},
+    {"stage": 1, "dtype": "fp16", "zero": {**EXACT, "mics_shard_size": 2}},
 ]
-NODE_FIRST = len(ZERO_RUNS) - 1
+NODE_FIRST = 8
+SHARD_KEYS = {"mics_shard_size", "zero_hpz_partition_size", "mics_hierarchical_params_gather"}
 
 
 def is_flat(run: Dict[str, Any]) -> bool:
-    return not {"mics_shard_size", "zero_hpz_partition_size", "mics_hierarchical_params_gather"} & set(run["zero"])
+    return not SHARD_KEYS & set(run["zero"])
+
+
+def flat_of(run: Dict[str, Any]) -> int:
+    """The index of the flat run ``run`` is held against: the same run without shard groups,
+    hpZ or node-first gathers."""
+    want = {**run, "zero": {k: v for k, v in run["zero"].items() if k not in SHARD_KEYS}}
+    return ZERO_RUNS.index(want)
 
 
 DS_RUNS = [{"stage": 3}, {"stage": 3, "zero": {"zero_hpz_partition_size": 2}}]
@@ -123,12 +144,11 @@ def same_bits(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
 
 def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[str, Any]]]) -> None:
     z = runs["zero"]
-    flat = {run["stage"]: z[i] for i, run in enumerate(ZERO_RUNS) if is_flat(run)}
     worst = []
     for i, run in enumerate(ZERO_RUNS):
         if is_flat(run):
             continue
-        ref = flat[run["stage"]]
+        ref = z[flat_of(run)]
         rel = max_rel(z[i]["params"], ref["params"])
         loss_rel = max(abs(a - b) / abs(b) for a, b in zip(z[i]["losses"], ref["losses"]))
         print(f"stage {run['stage']} {run['zero']}: parameters {rel:.2g}, losses {loss_rel:.2g} from flat")
@@ -138,6 +158,15 @@ def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[s
         # differently from one; Adam's first steps (g / (|g| + eps)) turn that rounding,
         # where the ranks' gradients nearly cancel, into up to ~1e-5 of the parameters
         # after 20 steps, as test_deepspeed.py measured between DeepSpeed's own stages.
+        if run.get("dtype") == "fp16":
+            # In fp16 each of the two rounds rounds the averaged gradient to 10 bits
+            # (about 1e-3), and Adam's sign-like first steps carry that into the
+            # parameters: measured 4e-3 on the losses and 4.4e-2 of the largest parameter
+            # after 20 steps (the Rust MLP, 4 steps, holds 5e-3). The runs over gloo
+            # below hold the fp16 runs to the bit.
+            assert loss_rel <= 1e-2, (run, loss_rel)
+            assert rel <= 0.1, (run, rel)
+            continue
         assert loss_rel <= 1e-6, (run, loss_rel)
         assert rel <= 2e-5, (run, rel)
     assert same_bits(z[2]["params"], z[1]["params"]), "hpZ on shard groups changed bits"

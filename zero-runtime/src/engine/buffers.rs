@@ -127,9 +127,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 })?;
         let range = self.plan.buckets[bucket].layout.tensor_range(index);
         self.buckets[bucket].released = 0; // written from here on
-        let buf = self.buckets[bucket].grads.written_mut().ok_or_else(|| {
-            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
-        })?;
+        let buf = self.buckets[bucket].grads.written(bucket)?;
         Ok((buf, range))
     }
 
@@ -224,9 +222,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<(), EngineError> {
         let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
         self.buckets[bucket].released = 0;
-        let buf = self.buckets[bucket].grads.written_mut().ok_or_else(|| {
-            EngineError::Internal(format!("bucket {bucket} has no gradient buffer"))
-        })?;
+        let buf = self.buckets[bucket].grads.written(bucket)?;
         self.dev.add_f32(buf, start, g)
     }
 }

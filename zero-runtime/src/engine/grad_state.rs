@@ -56,6 +56,14 @@ impl<B> Grads<B> {
         }
     }
 
+    /// The buffer the backward writes into bucket `b`'s gradients; an error naming the
+    /// bucket where it has none (a frozen bucket, or one whose reduction holds it).
+    pub(super) fn written(&mut self, b: usize) -> Result<&mut B, crate::EngineError> {
+        self.written_mut().ok_or_else(|| {
+            crate::EngineError::Internal(format!("bucket {b} has no gradient buffer"))
+        })
+    }
+
     /// Whether the backward has a buffer to write.
     pub(super) fn has_written(&self) -> bool {
         match self {
@@ -72,6 +80,14 @@ impl<B> Grads<B> {
             Self::Sharded { staging, .. } => staging.take(),
             Self::Frozen => None,
         }
+    }
+
+    /// The written buffer, handed to bucket `b`'s reduction; an error where a reduction
+    /// holds it already.
+    pub(super) fn take_for_reduction(&mut self, b: usize) -> Result<B, crate::EngineError> {
+        self.take_written().ok_or_else(|| {
+            crate::EngineError::Internal(format!("bucket {b}'s gradients are in flight already"))
+        })
     }
 
     /// Gives the written buffer back (a reduction's input, or a staging buffer from the

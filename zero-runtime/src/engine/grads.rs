@@ -86,7 +86,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     fn end_micro_step(&mut self) {
-        self.trim_pool();
+        self.pool.trim();
         self.drop_secondaries();
         self.last_pass_boundary = self.pass_ends_window();
         self.micro_done += 1;
@@ -180,23 +180,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let total = self.plan.buckets[b].layout.total_len();
         loop {
             // The smallest idle buffer that fits.
-            let fit = (0..self.pool.len())
-                .filter(|&i| self.pool[i].1 >= total)
-                .min_by_key(|&i| self.pool[i].1);
-            if let Some(i) = fit {
-                let (mut buf, cap) = self.pool.swap_remove(i);
+            if let Some(mut buf) = self.pool.lend(b, total) {
                 self.dev.resize(&mut buf, total)?;
                 self.dev.zero(&mut buf, 0..total)?;
                 self.buckets[b].grads.put_written(buf);
-                self.staging_cap[b] = cap;
-                let in_use = self.pool_buffers - self.pool.len();
-                self.pool_peak = self.pool_peak.max(in_use);
                 return Ok(());
             }
             if self.inflight.is_empty() {
-                self.pool.push((self.dev.zeros(self.dtype, total)?, total));
-                self.pool_allocated += total;
-                self.pool_buffers += 1;
+                let buf = self.dev.zeros(self.dtype, total)?;
+                self.pool.add(buf, total);
             } else {
                 self.finish_oldest()?;
             }
@@ -226,10 +218,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 // (fp32 in place: the gradients stay where the next micro-step adds to them.)
                 return Ok(());
             }
-            let grads = self.buckets[b]
-                .grads
-                .take_written()
-                .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
+            let grads = self.buckets[b].grads.take_for_reduction(b)?;
             if self.policy.stage == 0 {
                 let work = self.issue(
                     |c| &mut c.grad_reduce,
@@ -250,10 +239,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
             }
         } else {
-            let grads = self.buckets[b]
-                .grads
-                .take_written()
-                .ok_or_else(|| EngineError::Internal("gradients in flight".into()))?;
+            let grads = self.buckets[b].grads.take_for_reduction(b)?;
             let later = !self.buckets[b].grads.fresh();
             let (dest, out) = if self.host_grads().is_some() {
                 // Every reduction of a window is added into an fp32 accumulator; summed in
@@ -298,7 +284,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 bucket: b,
                 work,
                 dest,
-                cap: self.staging_cap[b],
+                cap: self.pool.cap_of(b),
             }
         };
         self.inflight.push_back(reduction);
@@ -312,29 +298,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// An output of `len` elements for a reduction added into a shard: an idle one of that
     /// length, else a new one (partitions of a plan's buckets have few distinct lengths).
     fn take_scratch(&mut self, len: usize) -> Result<C::Buffer, EngineError> {
-        if let Some(i) = self.scratch.iter().position(|b| self.dev.len(b) == len) {
-            return Ok(self.scratch.swap_remove(i));
+        let dev = &self.dev;
+        if let Some(buf) = self.pool.take_scratch(len, |b| dev.len(b)) {
+            return Ok(buf);
         }
-        self.scratch_allocated += len;
+        self.pool.note_scratch(len);
         self.dev.zeros(self.dtype, len)
-    }
-
-    /// Keeps as many staging buffers as this micro-step had in use at once (the largest
-    /// ones, which fit any bucket) and frees the other idle ones: a pass that held many
-    /// (a first backward that cannot tell when a module is complete) does not keep them
-    /// for the rest of the run.
-    fn trim_pool(&mut self) {
-        let in_use = self.pool_buffers - self.pool.len();
-        let keep = self.pool_peak.max(in_use);
-        if self.pool_buffers > keep {
-            self.pool.sort_by_key(|(_, cap)| std::cmp::Reverse(*cap));
-            let idle_kept = keep.saturating_sub(in_use);
-            for (_, cap) in self.pool.drain(idle_kept..) {
-                self.pool_allocated -= cap;
-                self.pool_buffers -= 1;
-            }
-        }
-        self.pool_peak = in_use;
     }
 
     /// Waits for the oldest reduction and puts its buffers where they belong.
@@ -363,8 +332,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                             EngineError::Internal("no host gradient partitions".into())
                         })?;
                     host.receive(&self.dev, bucket, &output, add)?;
-                    self.scratch.push(output);
-                    self.pool.push((input, cap));
+                    self.pool.give_back_scratch(output);
+                    self.pool.give_back(input, cap);
                 } else if dest == Dest::AddToShard {
                     // (An earlier reduction into this shard was queued first, so it is back.)
                     let shard = self.buckets[bucket]
@@ -372,14 +341,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                         .shard_mut()
                         .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
                     self.dev.accumulate(shard, 0, &output, 0..part)?;
-                    self.scratch.push(output);
-                    self.pool.push((input, cap));
+                    self.pool.give_back_scratch(output);
+                    self.pool.give_back(input, cap);
                 } else if self.policy.shards_gradients() {
                     if let Some(accum) = self.buckets[bucket].grads.accum_mut() {
                         self.dev.accumulate(accum, 0, &output, 0..part)?;
                     }
                     self.buckets[bucket].grads.put_shard(output);
-                    self.pool.push((input, cap));
+                    self.pool.give_back(input, cap);
                 } else {
                     // Stage 1: the reduced partition goes back into the whole-bucket buffer.
                     let start = self.plan.buckets[bucket]

@@ -20,6 +20,7 @@
 //! `K`, as DeepSpeed's `backward` does).
 
 mod arrivals;
+mod books;
 mod buffers;
 mod checkpoint;
 mod gather;
@@ -31,6 +32,7 @@ mod held;
 mod master;
 mod offload;
 mod param_state;
+mod pool;
 mod report;
 mod step;
 mod tiers;
@@ -199,22 +201,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     plan: Plan,
     buckets: Vec<BucketState<C::Buffer, W2<C>>>,
     frozen: C::Buffer,
-    /// Idle staging buffers for whole-bucket gradients (stages 2–3), with their capacity
-    /// in elements.
-    pool: Vec<(C::Buffer, usize)>,
-    /// Capacity of every staging buffer allocated (idle or in use), in elements.
-    pool_allocated: usize,
-    /// Staging buffers allocated (idle or in use).
-    pool_buffers: usize,
-    /// The most staging buffers in use at once in this micro-step: what the pool keeps.
-    pool_peak: usize,
-    /// Capacity of the staging buffer each bucket holds now.
-    staging_cap: Vec<usize>,
-    /// Idle outputs of reductions added into a gradient shard (stages 2–3 summing a window
-    /// in the gradients' dtype).
-    scratch: Vec<C::Buffer>,
-    /// Capacity of every such output allocated, in elements.
-    scratch_allocated: usize,
+    /// Stages 2–3's staging buffers and scratch outputs.
+    pool: pool::StagingPool<C::Buffer>,
     inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
     scaler: LossScaler,
     schedule: LrSchedule,
@@ -240,13 +228,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     trace: gather::Trace,
     live_gathered: usize,
     peak_gathered: usize,
-    counters: CommCounters,
-    counters_at_step_start: CommCounters,
-    last_step_comm: CommCounters,
-    /// `counters` by tier, and the same at the last step's start and for the last step.
-    tier_counters: TierCounters,
-    tier_counters_at_step_start: TierCounters,
-    last_step_tiers: TierCounters,
+    /// Elements sent, by purpose and tier, in all and in the last step.
+    books: books::CommBooks,
     timings: report::Clock,
     last_load_stats: crate::io::ReadStats,
     /// The optimizer state when it lives off the device.
@@ -506,13 +489,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             first_param,
             buckets,
             plan,
-            pool: Vec::new(),
-            pool_allocated: 0,
-            pool_buffers: 0,
-            pool_peak: 0,
-            staging_cap: vec![0; n_buckets],
-            scratch: Vec::new(),
-            scratch_allocated: 0,
+            pool: pool::StagingPool::new(n_buckets),
             inflight: VecDeque::new(),
             optimizer_steps: 0,
             global_steps: 0,
@@ -525,12 +502,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             trace: gather::Trace::default(),
             live_gathered: 0,
             peak_gathered: 0,
-            counters: CommCounters::default(),
-            counters_at_step_start: CommCounters::default(),
-            last_step_comm: CommCounters::default(),
-            tier_counters: TierCounters::default(),
-            tier_counters_at_step_start: TierCounters::default(),
-            last_step_tiers: TierCounters::default(),
+            books: books::CommBooks::default(),
             timings: report::Clock::default(),
             last_load_stats: crate::io::ReadStats::default(),
             offload,
@@ -767,9 +739,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let before = self.comm.tier_stats();
         let work = issue(&self.comm)?;
         let after = self.comm.tier_stats();
-        *category(&mut self.counters) +=
-            after.total().total_elements() - before.total().total_elements();
-        self.tier_counters.book(category, before, after);
+        self.books.book(category, before, after);
         Ok(work)
     }
 }

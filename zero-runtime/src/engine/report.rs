@@ -312,7 +312,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             r.released += s.released;
         }
         let p = self.dtype.size_of();
-        r.buckets = (self.pool_allocated + self.scratch_allocated) * p;
+        r.buckets = self.pool.allocated_elements() * p;
         r.gathered = self.live_gathered * p;
         r.peak_gathered = self.peak_gathered * p;
         let largest_gathered = (0..self.plan.buckets.len())
@@ -419,13 +419,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let layout = self.comm.layout();
         let flat = layout.replicas() == 1 && self.comm.secondary().is_none();
         CommReport {
-            total: self.counters,
-            last_step: self.last_step_comm,
+            total: self.books.total,
+            last_step: self.books.last_step,
             padded_numel: psi as usize,
             frozen_padded_numel: phi as usize,
             theory: intra + inter,
             theory_formula: if flat { formula } else { tier_formula },
-            last_step_tiers: self.last_step_tiers,
+            last_step_tiers: self.books.last_step_tiers,
             theory_intra_node: intra,
             theory_inter_node: inter,
         }

@@ -156,10 +156,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.micro_done = 0;
         self.last_pass_boundary = false;
         self.timings.step_ended(t0.elapsed());
-        self.last_step_comm = self.counters.since(self.counters_at_step_start);
-        self.counters_at_step_start = self.counters;
-        self.last_step_tiers = self.tier_counters.since(self.tier_counters_at_step_start);
-        self.tier_counters_at_step_start = self.tier_counters;
+        self.books.close_step();
         if self.cfg.wall_clock_breakdown
             && self.rank == 0
             && self.global_steps % self.cfg.steps_per_print.max(1) == 0

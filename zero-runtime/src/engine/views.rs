@@ -36,9 +36,7 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
                 continue;
             }
             state.released = 0; // written from here on
-            let buf = state.grads.written_mut().ok_or_else(|| {
-                EngineError::Internal(format!("bucket {b} has no gradient buffer"))
-            })?;
+            let buf = state.grads.written(b)?;
             let typed = buf.as_mut_slice::<T>().ok_or(EngineError::WrongDType {
                 requested: T::DTYPE,
                 actual: dtype,

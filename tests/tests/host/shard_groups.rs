@@ -412,3 +412,29 @@ fn the_memory_report_counts_hpz_pieces() {
         );
     }
 }
+
+#[test]
+fn the_device_bound_counts_the_node_first_blocks() {
+    let seed = seed("node-first memory");
+    let data = dataset(seed, 4 * WORLD);
+    let bound = |cfg: ZeroConfig| {
+        run(cfg, seed, |e| {
+            train_step(e, &data, 0, None).unwrap();
+            e.memory_report()
+        })
+    };
+    let base = accounting_config(3, 1);
+    let flat = bound(tiered(&base, None, 1));
+    let two_steps = bound(tiered(&node_first(&base), None, 1));
+    let nodes = WORLD / PER_NODE;
+    for (rank, (f, t)) in flat.iter().zip(&two_steps).enumerate() {
+        // The same buckets gathered in the same order: only the blocks differ.
+        assert_eq!(f.peak_gathered, t.peak_gathered, "rank {rank}");
+        assert!(f.peak_gathered > 0, "rank {rank}: {f:?}");
+        assert_eq!(
+            t.device_bound - f.device_bound,
+            t.peak_gathered / nodes,
+            "rank {rank}: a block of 1/{nodes} of each gather in flight"
+        );
+    }
+}

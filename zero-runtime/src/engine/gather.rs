@@ -71,7 +71,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub fn fetch(&mut self, m: usize) -> Result<(), EngineError> {
         self.module(m)?;
         self.timings.touch();
-        if std::mem::replace(&mut self.fetched[m], true) {
+        if self.pass.fetch(m) {
             self.timings.backward_started();
         }
         if !self.policy.shards_parameters() {
@@ -102,7 +102,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// freed, and its fetches neither start the backward phase nor become the trace.
     /// Gradients of the micro-step, if any, are untouched.
     pub fn abandon_pass(&mut self) -> Result<(), EngineError> {
-        self.fetched.iter_mut().for_each(|f| *f = false);
+        self.pass.forget_fetches();
         self.trace.abandon_pass();
         if self.policy.shards_parameters() {
             self.free_all_gathered()?;

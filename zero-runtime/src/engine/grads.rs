@@ -50,7 +50,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub(super) fn begin_backward(&mut self, m: usize) -> Result<(), EngineError> {
         self.require_optimizer("backward")?;
         let name = &self.module(m)?.name;
-        if self.ready[m] {
+        if self.pass.is_ready(m) {
             return Err(EngineError::Order(format!(
                 "module `{name}` already reported its gradients ready in this micro-step"
             )));
@@ -68,18 +68,18 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// a bucket is complete, the bucket's reduction is issued.
     pub fn grads_ready(&mut self, m: usize) -> Result<(), EngineError> {
         self.begin_backward(m)?;
-        self.ready[m] = true;
-        if self.plan.module_buckets[m].is_empty() {
+        let trainable = !self.plan.module_buckets[m].is_empty();
+        let last = self.pass.mark_ready(m, trainable);
+        if !trainable {
             return Ok(());
         }
-        self.ready_count += 1;
         for b in self.plan.module_buckets[m].clone() {
             self.buckets[b].pending -= 1;
             if self.buckets[b].pending == 0 {
                 self.bucket_ready(b)?;
             }
         }
-        if self.ready_count == self.trainable_modules {
+        if last {
             self.end_micro_step();
         }
         Ok(())
@@ -90,9 +90,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.drop_secondaries();
         self.last_pass_boundary = self.pass_ends_window();
         self.micro_done += 1;
-        self.ready_count = 0;
-        self.ready.iter_mut().for_each(|r| *r = false);
-        self.fetched.iter_mut().for_each(|f| *f = false);
+        self.pass.reset();
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
         }
@@ -111,10 +109,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// step reads the carry plus the new pass's reduced gradients (reduction is linear,
     /// so this is the reduction of the sum, up to rounding).
     pub fn reopen_micro_step(&mut self) -> Result<(), EngineError> {
-        if self.micro_done == 0 || self.ready_count != 0 || self.external.is_some() {
+        if self.micro_done == 0 || self.pass.ready_count() != 0 || self.external.is_some() {
             return Err(EngineError::Order(format!(
                 "reopen_micro_step() needs a micro-step that ended and no step begun ({} micro-steps done, {} modules of the current one)",
-                self.micro_done, self.ready_count
+                self.micro_done, self.pass.ready_count()
             )));
         }
         if !self.last_pass_boundary {

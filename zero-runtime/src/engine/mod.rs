@@ -32,6 +32,7 @@ mod held;
 mod master;
 mod offload;
 mod param_state;
+mod pass;
 mod pool;
 mod report;
 mod step;
@@ -215,11 +216,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     window_end: Option<bool>,
     /// Whether the micro-step that ended last was the window's last (its reductions ran).
     last_pass_boundary: bool,
-    ready: Vec<bool>,
-    /// Modules fetched in this micro-step: a second fetch starts the backward phase.
-    fetched: Vec<bool>,
-    ready_count: usize,
-    trainable_modules: usize,
+    /// Which modules this micro-step fetched and which reported their gradients ready.
+    pass: pass::Pass,
     /// Gradients counted per trainable parameter in the pass under way, and what one
     /// backward is expected to bring: decides when a module is complete.
     arrivals: arrivals::Arrivals,
@@ -477,8 +475,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             dp_rank,
             dp_world,
             dtype,
-            ready: vec![false; modules.len()],
-            fetched: vec![false; modules.len()],
+            pass: pass::Pass::new(modules.len(), trainable_modules),
             window: window::Window::default(),
             arrivals: arrivals::Arrivals::new(
                 modules
@@ -497,8 +494,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             micro_done: 0,
             window_end: None,
             last_pass_boundary: false,
-            ready_count: 0,
-            trainable_modules,
             trace: gather::Trace::default(),
             live_gathered: 0,
             peak_gathered: 0,
@@ -624,10 +619,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 "set_gradient_accumulation_boundary(False) with gradient_accumulation_steps 1: a window of several micro-steps needs gradient_accumulation_steps > 1 in the config".into(),
             ));
         }
-        if self.ready_count != 0 {
+        if self.pass.ready_count() != 0 {
             return Err(EngineError::Order(format!(
                 "set_gradient_accumulation_boundary during a micro-step ({} modules reported ready): set it before the backward",
-                self.ready_count
+                self.pass.ready_count()
             )));
         }
         self.window_end = boundary;

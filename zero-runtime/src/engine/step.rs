@@ -85,10 +85,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Some(_) => self.micro_done >= 1 && self.last_pass_boundary,
             None => self.micro_done == k,
         };
-        if !complete || self.ready_count != 0 {
+        if !complete || self.pass.ready_count() != 0 {
             return Err(EngineError::Order(format!(
                 "step() after {} of {k} micro-steps (and {} modules of the current one): every trainable module must call grads_ready in each micro-step",
-                self.micro_done, self.ready_count
+                self.micro_done, self.pass.ready_count()
             )));
         }
         if self.external.is_some() {
@@ -513,9 +513,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.discard_window();
         self.micro_done = 0;
         self.last_pass_boundary = false;
-        self.ready_count = 0;
-        self.ready.iter_mut().for_each(|r| *r = false);
-        self.fetched.iter_mut().for_each(|f| *f = false);
+        self.pass.reset();
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
             if let Some(g) = self.buckets[b].grads.shard_mut() {

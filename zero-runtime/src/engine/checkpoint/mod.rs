@@ -198,10 +198,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Saving and loading happen between optimizer steps.
     fn require_boundary(&self, what: &str) -> Result<(), EngineError> {
-        if self.micro_done != 0 || self.ready_count != 0 || !self.inflight.is_empty() {
+        if self.micro_done != 0 || self.pass.ready_count() != 0 || !self.inflight.is_empty() {
             return Err(EngineError::Order(format!(
                 "{what} in the middle of a step ({} micro-steps and {} modules done): call it after step() or zero_grad()",
-                self.micro_done, self.ready_count
+                self.micro_done, self.pass.ready_count()
             )));
         }
         Ok(())

@@ -82,6 +82,15 @@ impl<T> Completion for CpuWork<T> {
 /// (one each, from the top of the range): a group's own colour must lie below.
 const OWN_COLOURS_FROM: usize = usize::MAX / 2;
 
+/// The ranks of `machines` (every rank's machine) on `rank`'s machine, in rank order: the
+/// members of its machine's shared-memory group, whose rank there is its place here.
+pub fn machine_ranks(machines: &[usize], rank: usize) -> Vec<usize> {
+    let mine = machines.get(rank);
+    (0..machines.len())
+        .filter(|&r| machines.get(r) == mine)
+        .collect()
+}
+
 impl CpuComm {
     /// The group of ranks on several machines: `relay` over all of them, `machine` this
     /// machine's ranks (ranked in `relay`'s order) over shared memory, and `machines` every
@@ -104,9 +113,7 @@ impl CpuComm {
                 machines.len()
             )));
         }
-        let here: Vec<usize> = (0..world)
-            .filter(|&r| machines[r] == machines[rank])
-            .collect();
+        let here = machine_ranks(&machines, rank);
         let position = here.iter().position(|&r| r == rank).unwrap_or(usize::MAX);
         if machine.world_size() != here.len() || machine.rank() != position {
             return Err(bad(format!(
@@ -165,7 +172,7 @@ impl Spanning {
                 ),
             });
         }
-        let here: Vec<usize> = (0..all.len()).filter(|&r| of[r] == of[me]).collect();
+        let here = machine_ranks(of, me);
         if here.iter().any(|&r| local(r)) {
             let position = here.iter().position(|&r| r == me).unwrap_or(0);
             let own = if local(me) {

@@ -20,7 +20,7 @@ mod wait;
 
 pub use buffer::{CommBuffer, HostBuffer, HostElement, HostVec, Lease, Leased};
 pub use communicator::{Communicator, Completion};
-pub use cpu::{CpuComm, CpuWork, Spanning};
+pub use cpu::{machine_ranks, CpuComm, CpuWork, Spanning};
 pub use device::{DeviceComm, DeviceGroup, DeviceWork};
 pub use error::CommError;
 pub use group::{GroupComm, GroupWork, DEFAULT_TIMEOUT};

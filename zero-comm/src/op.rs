@@ -159,26 +159,26 @@ pub(crate) fn split_message(color: usize, key: usize) -> [u8; 16] {
     m
 }
 
+/// Word `i` of one rank's [`split_message`] (0: the colour, 1: the key); `None` for a
+/// message of fewer than 16 bytes.
+fn split_word(b: &[u8], i: usize) -> Option<u64> {
+    let word = b.get(..16)?.get(8 * i..8 * i + 8)?;
+    Some(u64::from_le_bytes(word.try_into().ok()?))
+}
+
 /// The colour in one rank's [`split_message`] (`None` for fewer than 16 bytes).
 pub(crate) fn split_color(b: &[u8]) -> Option<u64> {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(b.get(..8).filter(|_| b.len() >= 16)?);
-    Some(u64::from_le_bytes(w))
+    split_word(b, 0)
 }
 
 /// The new group of `color` from every rank's [`split_message`] (in rank order): the
 /// parent ranks of its members, ordered by key, ties by parent rank.
 pub(crate) fn split_members(all: &[Vec<u8>], color: usize) -> Vec<usize> {
-    let word = |b: &[u8], i: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[8 * i..8 * i + 8]);
-        u64::from_le_bytes(w)
-    };
     let mut members: Vec<(u64, usize)> = all
         .iter()
         .enumerate()
-        .filter(|(_, b)| b.len() >= 16 && word(b, 0) == color as u64)
-        .map(|(r, b)| (word(b, 1), r))
+        .filter(|(_, b)| split_word(b, 0) == Some(color as u64))
+        .filter_map(|(r, b)| Some((split_word(b, 1)?, r)))
         .collect();
     members.sort_unstable();
     members.into_iter().map(|(_, r)| r).collect()

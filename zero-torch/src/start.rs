@@ -205,7 +205,7 @@ pub fn host(
 /// `env` narrowed to this rank's machine: its place among the machine's ranks (in rank
 /// order) and their number.
 fn on_machine(env: &LaunchEnv, of_rank: &[usize]) -> Result<LaunchEnv, CommError> {
-    let mine = of_rank
+    of_rank
         .get(env.rank)
         .ok_or_else(|| CommError::InvalidArgument {
             rank: env.rank,
@@ -216,9 +216,7 @@ fn on_machine(env: &LaunchEnv, of_rank: &[usize]) -> Result<LaunchEnv, CommError
                 env.world_size
             ),
         })?;
-    let here: Vec<usize> = (0..of_rank.len())
-        .filter(|&r| of_rank[r] == *mine)
-        .collect();
+    let here = zero_comm::machine_ranks(of_rank, env.rank);
     let mut narrowed = env.clone();
     narrowed.rank = here.iter().position(|&r| r == env.rank).unwrap_or(0);
     narrowed.world_size = here.len();

@@ -375,6 +375,26 @@ fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
             }
         }
     }
+    // With the optimizer's partitions in host memory: each window sum crosses back to the
+    // device for the replicas' all-reduce at the step, on the GPU as on the host.
+    let offloaded = zero_tests::with_offload(
+        &config(3, "bf16", 2, 0.0).replace(
+            r#""stage3_max_reuse_distance": 0"#,
+            r#""stage3_max_reuse_distance": 0, "mics_shard_size": 2"#,
+        ),
+        "offload_optimizer",
+        &serde_json::json!({"device": "cpu"}),
+        None,
+    );
+    assert!(offloaded.contains("mics_shard_size"), "{offloaded}");
+    let host = train(false, 4, &offloaded, seed, 2);
+    let dev = train(true, 4, &offloaded, seed, 2);
+    for (r, (h, d)) in host.iter().zip(&dev).enumerate() {
+        assert!(
+            bits(h) == bits(d),
+            "offloaded rank {r}: the GPU's shard groups differ from the host's (seed {seed})"
+        );
+    }
     // mics_hierarchical_params_gather on two nodes of two: a shard group of both nodes
     // gathers inside each node (a sub-communicator of 2), then across (another of 2), on
     // the GPU as on the host, and with the one-step gather's bits.

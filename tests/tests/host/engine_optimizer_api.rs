@@ -261,7 +261,7 @@ fn a_schedule_starts_from_each_groups_own_lr() {
 
 /// One pass (forward and backward of every module) of micro-batch `batch`, gradients
 /// handed in, modules reported ready.
-fn pass<C: zero_comm::Communicator, D: zero_runtime::Device<Buffer = C::Buffer>>(
+pub(crate) fn pass<C: zero_comm::Communicator, D: zero_runtime::Device<Buffer = C::Buffer>>(
     e: &mut zero_runtime::Engine<C, D>,
     batch: &[(Vec<f32>, Vec<f32>)],
     extra: Option<&[(Vec<f32>, Vec<f32>)]>,

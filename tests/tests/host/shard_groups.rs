@@ -6,20 +6,21 @@
 //!   arithmetic, so a run with it is bit-identical to the same shard size without it.
 //! - The comm report's per-tier elements equal the formulas to the element; across nodes
 //!   the replicas' all-reduce runs once per optimizer step, whatever the accumulation
-//!   (with the partitions in host memory, once per reduction).
+//!   (with the partitions in host memory too).
 //! - A checkpoint saved with one shard size loads with another and with the flat layout.
 //! - Sizes that do not divide the world, or an hpZ group larger than a node, are errors.
 //! - `mics_hierarchical_params_gather` (a shard group of both nodes gathers inside the node,
 //!   then across): the same bits as the one-step gather, with and without hpZ, and its
 //!   elements split between the tiers as the formula says.
 
+use super::engine_optimizer_api::pass;
 use serde_json::json;
 use std::time::Duration;
 use zero_comm::HostGroup;
 use zero_runtime::{CommReport, Engine, HostDevice, LoadOptions, ZeroConfig};
 use zero_tests::{
-    bits, dataset, full_params, mlp_config, mlp_modules, run_ranks_config, seed, train_step,
-    Params, MICRO_BATCH,
+    bits, dataset, full_params, micro_batch, mlp_config, mlp_modules, run_ranks_config, seed,
+    train_step, Params, MICRO_BATCH,
 };
 
 const WORLD: usize = 4;
@@ -163,6 +164,68 @@ fn fp16_loss_scaling_and_offload_train_with_shard_groups() {
     }
 }
 
+/// With the partitions in host memory (`offload_optimizer`) and accumulation, the
+/// replicas all-reduce the window's sum at the step, as on the device: the same sums in
+/// the same order, so the same bits as the run without offload (whose Adam the host's
+/// equals bit for bit, `offload_equivalence.rs`); a micro-step reopened after its
+/// reductions (two backwards of one micro-batch) all-reduces the fp32 carry instead.
+/// Several chunks per partition give the same bits (`offload_chunks.rs`).
+#[test]
+fn offload_with_shard_groups_all_reduces_the_window_at_the_step() {
+    let seed = seed("shard groups offload accumulation");
+    for (stage, dtype) in [(2u8, "fp32"), (3, "fp32"), (3, "bf16")] {
+        let base = mlp_config(stage, dtype, 3, 0.5, true);
+        let mut v: serde_json::Value = serde_json::from_str(&base).expect("json");
+        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
+        let offloaded = v.to_string();
+        let ctx = format!("stage {stage} {dtype}");
+        let device = train(tiered(&base, Some(2), 1), seed, 6);
+        let host = train(tiered(&offloaded, Some(2), 1), seed, 6);
+        for (rank, (a, b)) in host.iter().zip(&device).enumerate() {
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{ctx}: rank {rank} differs from the device run"
+            );
+        }
+        if dtype == "fp32" {
+            let flat = train(tiered(&offloaded, None, 1), seed, 6);
+            let rel = max_rel(&host[0], &flat[0]);
+            assert!(rel <= 1e-6, "{ctx}: {rel:e} from flat");
+        }
+    }
+    // Two passes per micro-step, the second reopening it: the carries are all-reduced.
+    let (accum, steps) = (2usize, 3usize);
+    let base = mlp_config(3, "fp32", accum, 0.5, false);
+    let mut v: serde_json::Value = serde_json::from_str(&base).expect("json");
+    v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
+    let data = dataset(seed, 2 * steps * accum * WORLD * MICRO_BATCH);
+    let reopened = |cfg: ZeroConfig| {
+        run(cfg, seed, |e| {
+            for st in 0..steps {
+                for k in 0..accum {
+                    let m = micro_batch(st, k, e.rank(), WORLD, 2 * MICRO_BATCH, accum);
+                    let mid = m.start + MICRO_BATCH;
+                    pass(e, &data[m.start..mid], None);
+                    e.reopen_micro_step().expect("reopen");
+                    pass(e, &data[mid..m.end], None);
+                }
+                assert!(!e.step().expect("step").skipped);
+            }
+            full_params(e).expect("params")
+        })
+    };
+    let device = reopened(tiered(&base, Some(2), 1));
+    let host = reopened(tiered(&v.to_string(), Some(2), 1));
+    for (rank, (a, b)) in host.iter().zip(&device).enumerate() {
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "reopened: rank {rank} differs from the device run"
+        );
+    }
+}
+
 fn accounting_config(stage: u8, accum: usize) -> String {
     format!(
         r#"{{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {accum},
@@ -241,8 +304,8 @@ fn elements_per_tier_are_exactly_the_formulas() {
             }
         }
     }
-    // With the partitions in host memory each reduction is all-reduced across the
-    // replicas before it crosses: K times per step.
+    // With the partitions in host memory the window's sum is all-reduced across the
+    // replicas once per step too: it crosses back to the device for that.
     for stage in [2u8, 3] {
         let accum = 3u64;
         let mut v: serde_json::Value =
@@ -259,7 +322,7 @@ fn elements_per_tier_are_exactly_the_formulas() {
                 "{ctx}"
             );
             let psi = c.padded_numel as u64;
-            assert_eq!(c.theory_inter_node, accum * 2 * (psi / 2) / 2, "{ctx}");
+            assert_eq!(c.theory_inter_node, 2 * (psi / 2) / 2, "{ctx}");
         }
     }
 }

@@ -237,8 +237,8 @@ pub(super) const MICS_SHARD_SIZE: Key = Key::new(
     and optimizer state are partitioned over its S ranks and replicated across the N/S \
     groups; gradients are reduce-scattered inside the shard group each micro-step, and \
     the window's sum is all-reduced across the replicas once per optimizer step (as \
-    DeepSpeed's MiCS; with `offload_optimizer` at stages 2–3, after each micro-step's \
-    reduction). S must divide the world size. **Stages 1–3** \
+    DeepSpeed's MiCS; with `offload_optimizer` at stages 2–3 too, the sum in host memory \
+    crossing back to the device for it). S must divide the world size. **Stages 1–3** \
     (DeepSpeed offered MiCS at stage 3 only, and 0.19.8 refuses the key); stage 0 shards \
     nothing and ignores it, noted. See docs/SCALING.md",
 );

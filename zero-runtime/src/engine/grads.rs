@@ -19,8 +19,10 @@
 //! shard group, and the window's sum is all-reduced across the replicas once, when the
 //! step opens (`sync_replicas`, as DeepSpeed's MiCS does at the accumulation boundary):
 //! the inter-node tier carries the partition once per optimizer step, not once per
-//! micro-step. With the partition in host memory (`offload_optimizer`) each reduction is
-//! still all-reduced across the replicas before it crosses.
+//! micro-step. With the partition in host memory (`offload_optimizer`) the window's sum
+//! there crosses back to the device in chunks for that all-reduce when the window has
+//! several reductions (accumulation); with one per step, each reduction is all-reduced
+//! across the replicas before it crosses.
 //!
 //! With `overlap_comm` a reduction is left in flight while backward goes on; it is waited
 //! for only when its buffers are needed again, or at `step()`.

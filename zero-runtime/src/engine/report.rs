@@ -129,7 +129,9 @@ pub struct MemoryReport {
     /// buffer returns to the pool when the device runs the free, in stream order), plus
     /// the inputs of the all-gathers after a step (the partitions of the buckets kept
     /// whole: stages 1–2, stage 3's persistent ones) and stage 1's reduce-scatter outputs
-    /// (its partition). What a trainer holds (activations, its own copies) comes on top.
+    /// (its partition), plus, with shard groups and `offload_optimizer` at accumulation,
+    /// the chunk through which the host partitions cross for the replicas' all-reduce
+    /// at the step. What a trainer holds (activations, its own copies) comes on top.
     /// Checked against the pool's high-water mark at stage 3 (`big_model_gpu.rs` on the
     /// stand-in).
     pub device_bound: usize,
@@ -378,6 +380,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             + r.peak_gathered
             + r.peak_gathered / self.world
             + node_first_blocks
+            + self.host_sync_bytes()
             + (largest_gathered + step_inputs + stage1_outputs) * p;
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();

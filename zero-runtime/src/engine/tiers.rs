@@ -11,16 +11,18 @@
 //! | the stage's reductions and gathers inside the shard group | the shard group's | the flat formula with `N → S` (`3KΨ'(S−1)/S` at stage 3) |
 //! | hpZ: each micro-step's second gather of a bucket reads the node's `H` ranks instead | intra-node | `K·Σ_b (n_b − own_H(n_b, h))` added, `K(Ψ'+Φ')(S−1)/S` taken off the shard group's |
 //! | `mics_hierarchical_params_gather` (a shard group of `k` whole nodes): each shard-group gather of a bucket inside the node, then across | intra-node | `n_b/k − n_b/S` of each gather's `n_b − n_b/S` moved off the shard group's (inter-node) tier; `2K` gathers per step, `K` with hpZ |
-//! | each bucket's reduced partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` once per step (`≈ 2Ψ'(R−1)/(RS)`): stage 1 reduces once per step, stages 2–3 sum the window's reduce-scatters inside the shard group and all-reduce the sum when the step opens ([`Engine::sync_replicas`]); `K` times with `offload_optimizer` at stages 2–3, whose partitions cross to the host after each reduction |
+//! | each bucket's reduced partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` once per step (`≈ 2Ψ'(R−1)/(RS)`): stage 1 reduces once per step, stages 2–3 sum the window's reduce-scatters inside the shard group and all-reduce the sum when the step opens ([`Engine::sync_replicas`]); with `offload_optimizer` too, whose window sum in host memory crosses back to the device in chunks for it (without accumulation the one reduction is all-reduced before it crosses) |
 //!
 //! A group is intra-node when all its ranks sit on one node (`ranks_per_node`), else
 //! inter-node.
 
 use super::grad_state::ReducedIn;
+use super::offload::HostGrads;
 use super::{step, CommCounters, Engine};
 use crate::device::Device;
 use crate::EngineError;
 use zero_comm::{even_split, Communicator, Completion, ReduceOp, Tier, TierStats};
+use zero_kernels::DType;
 
 /// Counters of elements sent, by purpose, for each tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -126,28 +128,26 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         if layout.replicas() > 1 {
             let (rho, r) = (layout.replica(), layout.replicas());
-            let reductions = if self.policy.shards_gradients() && !self.replicas_reduce_at_step() {
-                k
-            } else {
-                1
-            };
+            // Once per step: stage 1 reduces once, stages 2–3 all-reduce the window's sum
+            // (`sync_replicas`), or without accumulation the step's one reduction.
             let mut per = 0u64;
             for plan in self.plan.trainable() {
                 let p = plan.layout.partition_len();
                 per += 2 * (p - even_split(p, r, rho).len()) as u64;
             }
-            tiers[at(layout.replica_tier())] += reductions * per;
-            formula.push_str(&match reductions > 1 {
-                true => format!(
-                    "; replicas (R = {r}): each reduction's partition all-reduced before it crosses to the host, K·2Ψ(R-1)/(RS)"
-                ),
-                false => format!(
-                    "; replicas (R = {r}): the step's reduced partition all-reduced once, 2Ψ(R-1)/(RS)"
-                ),
-            });
+            tiers[at(layout.replica_tier())] += per;
+            formula.push_str(&format!(
+                "; replicas (R = {r}): the step's reduced partition all-reduced once, 2Ψ(R-1)/(RS)"
+            ));
         }
         (tiers[0], tiers[1], formula)
     }
+}
+
+/// Elements of a host partition that cross to the device for the replicas' all-reduce at
+/// a time (the offloaded step's chunk, [`stage_elements`](super::offload::stage_elements)).
+fn host_sync_chunk(len: usize) -> usize {
+    super::offload::stage_elements().min(len).max(1)
 }
 
 /// Where the sum a step reads of a bucket sits while its replicas all-reduce it.
@@ -160,11 +160,13 @@ enum WindowSum {
 
 impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Whether stages 2–3's reduce-scatters stay inside the shard group and the window's
-    /// sum crosses the replicas once, in [`sync_replicas`](Self::sync_replicas): the
-    /// partitions on the device. With them in host memory (`offload_optimizer`) each
-    /// reduction is all-reduced across the replicas before it crosses.
+    /// sum crosses the replicas once, in [`sync_replicas`](Self::sync_replicas): with the
+    /// partitions on the device, and in host memory (`offload_optimizer`) when the window
+    /// adds its reductions there (accumulation). Without accumulation a host partition
+    /// takes one reduction per step, all-reduced across the replicas before it crosses
+    /// (as many elements, and no crossing back).
     pub(super) fn replicas_reduce_at_step(&self) -> bool {
-        self.policy.shards_gradients() && self.host_grads().is_none()
+        self.policy.shards_gradients() && self.host_grads().is_none_or(|h| h.adds())
     }
 
     /// The second half of stages 2–3's reductions with shard groups: each trainable
@@ -177,6 +179,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub(super) fn sync_replicas(&mut self) -> Result<(), EngineError> {
         if !self.comm.has_replicas() || !self.replicas_reduce_at_step() {
             return Ok(());
+        }
+        // (Taken out while its partitions cross, and put back whatever happens.)
+        if let Some(mut host) = self.offload.as_mut().and_then(|o| o.host_grads.take()) {
+            let synced = self.sync_host_replicas(&mut host);
+            if let Some(o) = self.offload.as_mut() {
+                o.host_grads = Some(host);
+            }
+            return synced;
         }
         // Every bucket's all-reduce is issued before the first is waited for (they run
         // together where the group is asynchronous, NCCL's), and put back in bucket order.
@@ -205,6 +215,61 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             match at {
                 WindowSum::Carry => state.carry = Some(buf),
                 WindowSum::Reduced(at) => state.grads.put_reduced(buf, at),
+            }
+        }
+        Ok(())
+    }
+
+    /// Device bytes [`sync_host_replicas`](Self::sync_host_replicas) holds while it runs:
+    /// one chunk of the largest partition, in fp32 at most (a reopened micro-step's carry).
+    pub(super) fn host_sync_bytes(&self) -> usize {
+        if !self.comm.has_replicas()
+            || !self.replicas_reduce_at_step()
+            || self.host_grads().is_none()
+        {
+            return 0;
+        }
+        let largest = self
+            .plan
+            .trainable()
+            .iter()
+            .map(|b| b.layout.partition_len())
+            .max()
+            .unwrap_or(0);
+        host_sync_chunk(largest) * DType::F32.size_of()
+    }
+
+    /// [`sync_replicas`](Self::sync_replicas) with the partitions in host memory
+    /// (`offload_optimizer` with accumulation): each bucket's window sum (its fp32 carry
+    /// when a micro-step was reopened, else its partition, in the accumulator's dtype)
+    /// crosses to the device in chunks of at most [`host_sync_chunk`] elements, is
+    /// all-reduced across the replicas there (NCCL serves device memory only) and crosses
+    /// back: every rank issues the same chunks in the same order, a partition's length
+    /// being the same on every replica. One chunk is on the device at a time.
+    fn sync_host_replicas(&mut self, host: &mut HostGrads) -> Result<(), EngineError> {
+        let mut staging: Option<C::Buffer> = None;
+        for b in self.trainable_range() {
+            let (dtype, len) = {
+                let g = host.step_grads(b)?;
+                (g.dtype(), g.len())
+            };
+            let chunk = host_sync_chunk(len);
+            for at in (0..len).step_by(chunk) {
+                let n = chunk.min(len - at);
+                let mut buf = match staging.take() {
+                    Some(buf) if self.dev.dtype(&buf) == dtype && self.dev.len(&buf) == n => buf,
+                    _ => self.dev.zeros(dtype, n)?,
+                };
+                self.dev
+                    .copy_from_host(host.step_grads(b)?, at..at + n, &mut buf, 0)?;
+                let work = self.issue(
+                    |c| &mut c.grad_reduce,
+                    |comm| comm.replicas_all_reduce(buf, ReduceOp::Avg),
+                )?;
+                let buf = work.wait()?;
+                self.dev
+                    .copy_to_host(&buf, 0..n, host.step_grads_mut(b)?, at)?;
+                staging = Some(buf);
             }
         }
         Ok(())

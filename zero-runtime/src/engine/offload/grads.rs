@@ -109,9 +109,23 @@ impl HostGrads {
         match self.carry.get(b) {
             Some(Some(c)) => Ok(c),
             Some(None) => Ok(&self.shards[b]),
-            None => Err(EngineError::Internal(format!(
-                "bucket {b} has no host gradient partition"
-            ))),
+            None => Err(no_partition(b)),
+        }
+    }
+
+    /// Whether a window's reductions are added into the partitions (accumulation): then
+    /// the replicas all-reduce the window's sum once, at the step.
+    pub fn adds(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// [`step_grads`](Self::step_grads), to write: the replicas' all-reduce puts the
+    /// window's sum back.
+    pub fn step_grads_mut(&mut self, b: usize) -> Result<&mut HostBuffer, EngineError> {
+        match self.carry.get_mut(b) {
+            Some(Some(c)) => Ok(c),
+            Some(None) => Ok(&mut self.shards[b]),
+            None => Err(no_partition(b)),
         }
     }
 
@@ -168,4 +182,8 @@ impl HostGrads {
             (0, shards, carry, released)
         }
     }
+}
+
+fn no_partition(b: usize) -> EngineError {
+    EngineError::Internal(format!("bucket {b} has no host gradient partition"))
 }

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, List, Optional, Union
 import torch
 
 from . import _host_memory, _lazy_init, _lazy_shards
-from .errors import CheckpointError, UnsupportedError, ZeroError
+from .errors import CheckpointError, ConfigError, UnsupportedError, ZeroError
 
 _ENGINES: "weakref.WeakSet[Any]" = weakref.WeakSet()
 """Engines alive in this process (GatheredParameters finds the one that owns its
@@ -334,6 +334,40 @@ class DeepSpeedInit(Init):
             self._spec = None
 
 
+class MiCSInit(DeepSpeedInit):
+    """``deepspeed.zero.MiCS_Init`` under ``zero_torch.deepspeed_compat`` (DeepSpeed 0.18
+    and before; 0.19.8 removed it): :class:`DeepSpeedInit` for a script written for MiCS.
+    As DeepSpeed's, it needs the config (``config_dict_or_path``, or the deprecated
+    ``config``), and the config must name ``zero_optimization.mics_shard_size``; a missing
+    one is a :class:`~zero_torch.errors.ConfigError` naming it.
+
+    The model is built as :class:`DeepSpeedInit` builds it (whole, from torch's
+    generator, unless ``seed=``, ``checkpoint=`` or ``param_init_fn=`` say otherwise): in
+    zero the engine partitions the parameters when ``initialize`` builds it, over the
+    shard groups of the config ``initialize`` gets, so MiCS_Init's own shard size is
+    checked, not used (a script passes the same config to both)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("config_dict_or_path", args[5] if len(args) > 5 else None)
+        if given is None:
+            given = kwargs.get("config", args[6] if len(args) > 6 else None)
+        if given is None:
+            raise ConfigError(
+                "deepspeed.zero.MiCS_Init needs the DeepSpeed config (config_dict_or_path=), "
+                "whose zero_optimization.mics_shard_size sets the shard groups"
+            )
+        zero_section = (_read_config(given) or {}).get("zero_optimization")
+        size = zero_section.get("mics_shard_size") if isinstance(zero_section, dict) else None
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(
+                "deepspeed.zero.MiCS_Init: the config has no zero_optimization.mics_shard_size "
+                f"of 1 or more (found {size!r}); MiCS_Init partitions over shard groups of that "
+                "many ranks (use deepspeed.zero.Init for flat ZeRO-3)"
+            )
+        self.shard_size: int = size
+        super().__init__(*args, **kwargs)
+
+
 def _initializers_disabled() -> bool:
     """Whether torch's initializers write nothing (transformers' ``no_init_weights``
     replaces them while it builds a model whose weights it loads afterwards)."""
@@ -362,18 +396,25 @@ def init_weights(model: torch.nn.Module, seed: int = 0,
     _lazy_init.init_weights(model, seed=seed, param_init_fn=param_init_fn)
 
 
+def _read_config(config: Any) -> Optional[dict]:
+    """A DeepSpeed config given as a dict or a JSON file's path; ``None`` for anything
+    else."""
+    if isinstance(config, dict):
+        return config
+    if not isinstance(config, (str, os.PathLike)):
+        return None
+    import json
+
+    with open(config) as f:
+        loaded = json.load(f)
+    return loaded if isinstance(loaded, dict) else None
+
+
 def _config_dtype(config: Any) -> Optional[torch.dtype]:
     """The 16-bit dtype a DeepSpeed config (dict or path) trains in, if any."""
+    config = _read_config(config)
     if config is None:
         return None
-    if not isinstance(config, dict):
-        import json
-        import os
-
-        if not isinstance(config, (str, os.PathLike)):
-            return None
-        with open(config) as f:
-            config = json.load(f)
     for key, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16)):
         section = config.get(key)
         if isinstance(section, dict) and section.get("enabled") is True:

@@ -2,7 +2,8 @@
 agents on one machine): several trainings of the tiny Llama at stage 1-3 with shard
 groups (``mics_shard_size``) and hpZ (``zero_hpz_partition_size``), with accumulation
 (``gas``: each rank's share of a batch in that many micro-batches), clipping, offload and
-fp16 where a run says so, through the compat
+fp16 where a run says so (``mics_init``: the model built inside
+``deepspeed.zero.MiCS_Init``), through the compat
 line (``zero``) or DeepSpeed itself (``deepspeed``); each rank pickles its results to
 ``OUT/rank{R}.pkl``."""
 
@@ -34,10 +35,15 @@ def run(engine_kind: str, runs: List[Dict[str, Any]], steps: int, batch: int) ->
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = []
     for r in runs:
-        m = models.build("llama")
         gas = r.get("gas", 1)
         cfg = config(r["stage"], r.get("dtype", "fp32"), gas, batch, clip=r.get("clip", 0.0),
                      extra={"zero_optimization": r.get("zero", {})})
+        if r.get("mics_init"):
+            # A script written for DeepSpeed's MiCS (0.18 and before) builds its model so.
+            with deepspeed.zero.MiCS_Init(config_dict_or_path=cfg):
+                m = models.build("llama")
+        else:
+            m = models.build("llama")
         if engine_kind == "deepspeed":
             cfg["optimizer"]["params"]["torch_adam"] = True
         engine, _, _, _ = deepspeed.initialize(model=m, config=cfg, model_parameters=m.parameters())

@@ -344,6 +344,23 @@ def test_zero_names_and_the_hooks_transformers_swaps() -> None:
         with deepspeed.zero.Init(config_dict_or_path={"train_batch_size": 2}):
             model = torch.nn.Linear(3, 2)
         out["init_builds"] = list(model.weight.shape)
+        # DeepSpeed 0.18's MiCS_Init (0.19.8 removed it), by both of its names: it needs the
+        # config and the config's mics_shard_size, and builds as zero.Init does.
+        from deepspeed.runtime.zero.mics import MiCS_Init
+        mics = {"train_batch_size": 2, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}
+        out["mics_names"] = MiCS_Init is deepspeed.zero.MiCS_Init is zero_torch.zero.MiCSInit
+        torch.manual_seed(0)
+        with deepspeed.zero.MiCS_Init(config_dict_or_path=mics) as init:
+            built = torch.nn.Linear(3, 2)
+        torch.manual_seed(0)
+        out["mics_builds"] = [init.shard_size, built.weight.equal(torch.nn.Linear(3, 2).weight)]
+        for name, kwargs in (("no_config", {}), ("no_size", {"config_dict_or_path": {"train_batch_size": 2}}),
+                             ("bad_size", {"config": {"zero_optimization": {"mics_shard_size": -1}}})):
+            try:
+                deepspeed.zero.MiCS_Init(**kwargs)
+                out[name] = "returned"
+            except Exception as e:
+                out[name] = [type(e).__name__, str(e)]
         try:
             from transformers.integrations.deepspeed import prevent_arange_dtype_change
         except ImportError:
@@ -359,6 +376,12 @@ def test_zero_names_and_the_hooks_transformers_swaps() -> None:
     """)
     assert r["register_external_parameter"] is True
     assert r["init_builds"] == [2, 3]
+    assert r["mics_names"] is True
+    assert r["mics_builds"] == [2, True]
+    assert r["no_config"][0] == "ConfigError" and "config_dict_or_path" in r["no_config"][1], r["no_config"]
+    for key in ("no_size", "bad_size"):
+        assert r[key][0] == "ConfigError" and "mics_shard_size" in r[key][1], r[key]
+    assert "-1" in r["bad_size"][1], r["bad_size"]
     assert r["prevent_arange"] in ("no transformers", [True, True, "torch.int64"])
 
 

@@ -123,8 +123,6 @@ HINTS: Dict[str, str] = {
     "deepspeed.runtime.zero.stage_1_and_2": _ZERO_OPTIMIZERS,
     "deepspeed.runtime.zero.parameter_offload": _ZERO_OPTIMIZERS,
     "deepspeed.DeepSpeedOptimizer": _ZERO_OPTIMIZERS,
-    "deepspeed.zero.MiCS_Init": "MiCS was removed from DeepSpeed 0.19.8 too",
-    "deepspeed.runtime.zero.MiCS_Init": "MiCS was removed from DeepSpeed 0.19.8 too",
     "deepspeed.runtime.zero.TiledLinear": "tiled linear layers are not part of zero",
     "deepspeed.zero.TiledLinear": "tiled linear layers are not part of zero",
     "deepspeed.OnDevice": (

@@ -167,6 +167,20 @@ fn known_but_unsupported_keys_say_so() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("not supported yet"), "{e}");
+    // A ZeRO++ config's quantization keys say what zero does instead.
+    assert!(
+        e.to_string().contains("(qwZ)") && e.to_string().contains("zero_hpz_partition_size"),
+        "{e}"
+    );
+    let e = parse(
+        r#""zero_optimization": {"stage": 3, "zero_quantized_gradients": true}"#,
+        2,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("zero_quantized_gradients") && e.to_string().contains("(qgZ)"),
+        "{e}"
+    );
     // The DeepSpeed default of an unimplemented key changes nothing and is accepted.
     assert!(parse(
         r#""zero_optimization": {"zero_quantized_weights": false}"#,

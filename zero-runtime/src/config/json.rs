@@ -4,6 +4,17 @@
 use super::ConfigError;
 use serde_json::{Map, Value};
 
+/// A DeepSpeed key zero does not implement, as a section's parser checks it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unsupported {
+    /// Its name.
+    pub name: &'static str,
+    /// The one value accepted (DeepSpeed's default, which changes nothing; `null` too).
+    pub only: Value,
+    /// What the error for another value adds.
+    pub why: Option<&'static str>,
+}
+
 /// One JSON object being read, with the keys it may hold.
 pub(super) struct Obj<'a> {
     path: String,
@@ -24,7 +35,7 @@ impl<'a> Obj<'a> {
         path: &str,
         value: &'a Value,
         known: &[&str],
-        unsupported: &[(&str, Value)],
+        unsupported: &[Unsupported],
     ) -> Result<Self, ConfigError> {
         let map = value.as_object().ok_or_else(|| ConfigError::InvalidValue {
             key: path.to_string(),
@@ -34,19 +45,23 @@ impl<'a> Obj<'a> {
             if known.contains(&key.as_str()) {
                 continue;
             }
-            if let Some((_, default)) = unsupported.iter().find(|(k, _)| k == key) {
-                if v == default || v.is_null() {
+            if let Some(u) = unsupported.iter().find(|u| u.name == key) {
+                if *v == u.only || v.is_null() {
                     continue;
                 }
+                let why = u.why.map(|w| format!("; {w}")).unwrap_or_default();
                 return Err(ConfigError::Unsupported {
                     key: join(path, key),
-                    reason: format!("only the DeepSpeed default {default} is supported, got {v}"),
+                    reason: format!(
+                        "only the DeepSpeed default {} is supported, got {v}{why}",
+                        u.only
+                    ),
                 });
             }
             let all = known
                 .iter()
                 .copied()
-                .chain(unsupported.iter().map(|(k, _)| *k));
+                .chain(unsupported.iter().map(|u| u.name));
             return Err(ConfigError::UnknownKey {
                 key: join(path, key),
                 suggestion: closest(key, all),

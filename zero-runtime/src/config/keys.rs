@@ -3,7 +3,7 @@
 //! keys a section allows, the "did you mean" suggestions, the defaults the parsers read
 //! and the doc's rows (checked by a test) all come from these tables.
 
-use super::json::Obj;
+use super::json::{Obj, Unsupported};
 use super::ConfigError;
 use serde_json::{Map, Value};
 use std::sync::LazyLock;
@@ -44,6 +44,9 @@ pub(super) struct Key {
     /// another.
     #[cfg_attr(not(test), allow(dead_code))]
     pub doc_default: Option<&'static str>,
+    /// For a key zero does not implement: what the error for another value adds (what
+    /// zero does instead, what to use).
+    pub why: Option<&'static str>,
 }
 
 /// How a section's doc rows name its keys.
@@ -114,12 +117,21 @@ impl Key {
             applies: Applies::Always,
             doc: None,
             doc_default: None,
+            why: None,
         }
     }
 
     /// A DeepSpeed key zero does not implement, accepted only at `value`.
     pub const fn only(name: &'static str, value: Fixed) -> Self {
         Self::new(name, KeyDefault::Only(value))
+    }
+
+    /// For a key accepted only at one value: what the error for another value adds.
+    pub const fn why(self, text: &'static str) -> Self {
+        Self {
+            why: Some(text),
+            ..self
+        }
     }
 
     /// With another name DeepSpeed reads for it.
@@ -232,12 +244,17 @@ impl Section {
             .collect()
     }
 
-    /// The keys zero accepts only at DeepSpeed's default, with that value, in table order.
-    pub fn unsupported(&self) -> Vec<(&'static str, Value)> {
+    /// The keys zero accepts only at DeepSpeed's default, with that value and what the
+    /// error for another value adds, in table order.
+    pub fn unsupported(&self) -> Vec<Unsupported> {
         self.keys
             .iter()
             .filter_map(|k| match k.default {
-                KeyDefault::Only(v) => Some((k.name, v.value())),
+                KeyDefault::Only(v) => Some(Unsupported {
+                    name: k.name,
+                    only: v.value(),
+                    why: k.why,
+                }),
                 _ => None,
             })
             .collect()

@@ -41,9 +41,20 @@ pub(super) const ZERO: Section = Section {
         CPU_OFFLOAD_USE_PIN_MEMORY,
         MEMORY_EFFICIENT_LINEAR,
         ZERO_HPZ_PARTITION_SIZE,
-        Key::only("zero_quantized_weights", Fixed::Bool(false)),
-        Key::only("zero_quantized_nontrainable_weights", Fixed::Bool(false)),
-        Key::only("zero_quantized_gradients", Fixed::Bool(false)),
+        Key::only("zero_quantized_weights", Fixed::Bool(false)).why(
+            "ZeRO++'s quantized weight all-gather (qwZ) is not implemented: zero gathers the \
+            16-bit weights (DeepSpeed's numbers without qwZ, at twice its gather bytes); remove \
+            the key (zero_hpz_partition_size, ZeRO++'s hpZ, is served)",
+        ),
+        Key::only("zero_quantized_nontrainable_weights", Fixed::Bool(false)).why(
+            "ZeRO++'s quantized frozen weights are not implemented: zero keeps and gathers them \
+            in the 16-bit dtype; remove the key",
+        ),
+        Key::only("zero_quantized_gradients", Fixed::Bool(false)).why(
+            "ZeRO++'s quantized gradient reduce-scatter (qgZ) is not implemented: zero \
+            reduce-scatters the gradients in their dtype (DeepSpeed's numbers without qgZ); \
+            remove the key (zero_hpz_partition_size, ZeRO++'s hpZ, is served)",
+        ),
         MICS_SHARD_SIZE,
         MICS_HIERARCHICAL_PARAMS_GATHER,
         Key::only(

@@ -31,9 +31,9 @@ pub struct Layout {
     /// H: hpZ's secondary partition size (`zero_hpz_partition_size`). As in DeepSpeed,
     /// 1 means hpZ is off: the backward all-gather spans the shard group like the forward.
     pub hpz: u64,
-    /// `mics_hierarchical_params_gather`: a shard group of whole nodes gathers inside the
-    /// node first (a block of Ψ/k over G ranks), then across the k nodes.
-    pub node_first: bool,
+    /// `mics_hierarchical_params_gather`: a shard group of k whole nodes gathers across
+    /// the nodes first (a block of Ψ/G over the k ranks of a place), then inside the node.
+    pub hierarchical: bool,
 }
 
 /// Why a [`Layout`] cannot be modelled.
@@ -61,7 +61,7 @@ impl Layout {
             gpus_per_node,
             shard_size,
             hpz: 1,
-            node_first: false,
+            hierarchical: false,
         }
     }
 
@@ -70,19 +70,19 @@ impl Layout {
         Self { hpz, ..self }
     }
 
-    /// The same layout with node-first gathers (`mics_hierarchical_params_gather`).
-    pub fn with_node_first(self) -> Self {
+    /// The same layout with hierarchical gathers (`mics_hierarchical_params_gather`).
+    pub fn with_hierarchical(self) -> Self {
         Self {
-            node_first: true,
+            hierarchical: true,
             ..self
         }
     }
 
-    /// k, the nodes of a shard group, where its gathers go inside the node first: node
-    /// first is on and the shard group is more than one whole node.
-    fn node_first_nodes(&self) -> Option<u64> {
+    /// k, the nodes of a shard group, where its gathers go across the nodes first: the
+    /// key is on and the shard group is more than one whole node.
+    fn hierarchical_nodes(&self) -> Option<u64> {
         let (s, g) = (self.shard_size, self.gpus_per_node);
-        (self.node_first && g > 1 && s > g && s % g == 0).then(|| s / g)
+        (self.hierarchical && g > 1 && s > g && s % g == 0).then(|| s / g)
     }
 
     /// R = N / S: replicas of the model states.
@@ -103,7 +103,7 @@ impl Layout {
             gpus_per_node: g,
             shard_size: s,
             hpz: h,
-            node_first: _,
+            hierarchical: _,
         } = *self;
         let err = |m: String| Err(LayoutError(m));
         if n == 0 || g == 0 || s == 0 || h == 0 {
@@ -238,8 +238,8 @@ impl Tiers {
 /// per optimizer step. Collectives over one rank are left out (they send nothing).
 ///
 /// - forward all-gather of the 16-bit parameters over the shard group (S; N when flat);
-///   with node-first gathers on a shard group of k whole nodes, two all-gathers instead:
-///   inside the node (G ranks, a block of Ψ/k) and across the nodes (k ranks, Ψ);
+///   with hierarchical gathers on a shard group of k whole nodes, two all-gathers instead:
+///   across the nodes (k ranks, a block of Ψ/G) and inside the node (G ranks, Ψ);
 /// - backward all-gather: over the shard group, or with hpZ (H > 1) over the H ranks of the
 ///   node that hold the secondary partition kept after the forward gather;
 /// - gradient reduce-scatter over the shard group, every micro-batch;
@@ -290,11 +290,11 @@ pub fn collectives(layout: &Layout, accumulation: u64) -> Result<Vec<Collective>
     Ok(out)
 }
 
-/// One all-gather of the parameters over the shard group: in one step, or node first in
-/// two (see [`collectives`]).
+/// One all-gather of the parameters over the shard group: in one step, or across the
+/// nodes first in two (see [`collectives`]).
 fn shard_group_gather(out: &mut Vec<Collective>, layout: &Layout, what: &'static str) {
     let s = layout.shard_size;
-    match layout.node_first_nodes() {
+    match layout.hierarchical_nodes() {
         None => out.push(Collective {
             what,
             op: Op::AllGather,
@@ -307,18 +307,18 @@ fn shard_group_gather(out: &mut Vec<Collective>, layout: &Layout, what: &'static
             out.push(Collective {
                 what,
                 op: Op::AllGather,
-                group: layout.gpus_per_node,
-                payload: 1.0 / k as f64,
+                group: k,
+                payload: 1.0 / layout.gpus_per_node as f64,
                 per_micro_batch: 1.0,
-                tier: Tier::Intra,
+                tier: Tier::Inter,
             });
             out.push(Collective {
                 what,
                 op: Op::AllGather,
-                group: k,
+                group: layout.gpus_per_node,
                 payload: 1.0,
                 per_micro_batch: 1.0,
-                tier: Tier::Inter,
+                tier: Tier::Intra,
             });
         }
     }
@@ -571,8 +571,8 @@ pub struct Scheme {
     pub shard_nodes: u64,
     /// H in GPUs (1: off).
     pub hpz: u64,
-    /// Node-first gathers (`mics_hierarchical_params_gather`).
-    pub node_first: bool,
+    /// Hierarchical gathers, across the nodes first (`mics_hierarchical_params_gather`).
+    pub hierarchical: bool,
 }
 
 impl Scheme {
@@ -584,8 +584,8 @@ impl Scheme {
             Layout::shard_groups(ranks, gpus_per_node, self.shard_nodes * gpus_per_node)
         };
         let l = base.with_hpz(self.hpz);
-        let l = if self.node_first {
-            l.with_node_first()
+        let l = if self.hierarchical {
+            l.with_hierarchical()
         } else {
             l
         };
@@ -595,56 +595,56 @@ impl Scheme {
 }
 
 /// The schemes of the table, with G = 8: flat, flat + hpZ, shard groups of one node (with
-/// and without hpZ), and of two nodes (with and without hpZ, with and without node-first
+/// and without hpZ), and of two nodes (with and without hpZ, with and without hierarchical
 /// gathers; for models whose states do not fit in one node).
 pub const SCHEMES: [Scheme; 8] = [
     Scheme {
         name: "flat ZeRO-3",
         shard_nodes: 0,
         hpz: 1,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
         name: "flat + hpZ (H=8)",
         shard_nodes: 0,
         hpz: 8,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
         name: "shard groups, 1 node (S=8)",
         shard_nodes: 1,
         hpz: 1,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
         name: "S=8 + hpZ (H=8)",
         shard_nodes: 1,
         hpz: 8,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
         name: "shard groups, 2 nodes (S=16)",
         shard_nodes: 2,
         hpz: 1,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
         name: "S=16 + hpZ (H=8)",
         shard_nodes: 2,
         hpz: 8,
-        node_first: false,
+        hierarchical: false,
     },
     Scheme {
-        name: "S=16, node-first gathers",
+        name: "S=16, hierarchical gathers",
         shard_nodes: 2,
         hpz: 1,
-        node_first: true,
+        hierarchical: true,
     },
     Scheme {
-        name: "S=16 + hpZ (H=8), node-first gathers",
+        name: "S=16 + hpZ (H=8), hierarchical gathers",
         shard_nodes: 2,
         hpz: 8,
-        node_first: true,
+        hierarchical: true,
     },
 ];
 
@@ -683,19 +683,19 @@ mod tests {
         assert_tiers(t, 500.0, 1500.0);
     }
 
-    // flat with node-first gathers (k=2 nodes): each gather is a block of 500 over the 2
-    // ranks of a node (250 intra) and then 1000 over the 2 nodes (500 inter); the
-    // reduce-scatter 750 inter. With hpZ H=2 only the forward gather goes node first.
-    // Either way the total is the one-step gathers' (the same elements, split between the
-    // tiers), and shard groups inside one node are unchanged.
+    // flat with hierarchical gathers (k=2 nodes of G=2): each gather is a block of
+    // 1000/G = 500 over the 2 nodes (250 inter), then 1000 over the node's 2 ranks (500
+    // intra); the reduce-scatter 750 inter. With hpZ H=2 only the forward gather goes
+    // across first. Either way the total is the one-step gathers' (the same elements, split
+    // between the tiers), and shard groups inside one node are unchanged.
     #[test]
-    fn node_first_small_case_by_hand() {
-        let l = Layout::flat(4, 2).with_node_first();
-        assert_tiers(elements_per_rank(PSI, &l, 1).unwrap(), 500.0, 1750.0);
+    fn hierarchical_small_case_by_hand() {
+        let l = Layout::flat(4, 2).with_hierarchical();
+        assert_tiers(elements_per_rank(PSI, &l, 1).unwrap(), 1000.0, 1250.0);
         assert_tiers(
             elements_per_rank(PSI, &l.with_hpz(2), 1).unwrap(),
-            750.0,
-            1250.0,
+            1000.0,
+            1000.0,
         );
         for plain in [
             Layout::flat(4, 2),
@@ -704,24 +704,24 @@ mod tests {
             Layout::shard_groups(1024, 8, 32).with_hpz(8),
         ] {
             let a = elements_per_rank(PSI, &plain, 3).unwrap();
-            let b = elements_per_rank(PSI, &plain.with_node_first(), 3).unwrap();
+            let b = elements_per_rank(PSI, &plain.with_hierarchical(), 3).unwrap();
             assert!(close(a.total(), b.total()), "{plain:?}: {a:?} {b:?}");
             assert!(b.inter < a.inter, "{plain:?}: {a:?} {b:?}");
         }
         let one_node = Layout::shard_groups(16, 8, 8);
         assert_eq!(
             elements_per_rank(PSI, &one_node, 1).unwrap(),
-            elements_per_rank(PSI, &one_node.with_node_first(), 1).unwrap()
+            elements_per_rank(PSI, &one_node.with_hierarchical(), 1).unwrap()
         );
-        // The formula of docs/SCALING.md: S = kG, per gather (G−1)/S intra and (k−1)/k inter.
-        let (g, s) = (8.0, 16.0);
-        let l = Layout::shard_groups(1024, 8, 16).with_node_first();
+        // The formula of docs/SCALING.md: S = kG, per gather (k−1)/S inter and (G−1)/G intra.
+        let (g, s, k) = (8.0, 16.0, 2.0);
+        let l = Layout::shard_groups(1024, 8, 16).with_hierarchical();
         let r = 64.0;
         let t = elements_per_param(&l, 1).unwrap();
         assert_tiers(
             t,
-            2.0 * (g - 1.0) / s,
-            2.0 * 0.5 + (s - 1.0) / s + 2.0 * (r - 1.0) / (s * r),
+            2.0 * (g - 1.0) / g,
+            2.0 * (k - 1.0) / s + (s - 1.0) / s + 2.0 * (r - 1.0) / (s * r),
         );
     }
 

@@ -396,8 +396,8 @@ fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
         );
     }
     // mics_hierarchical_params_gather on two nodes of two: a shard group of both nodes
-    // gathers inside each node (a sub-communicator of 2), then across (another of 2), on
-    // the GPU as on the host, and with the one-step gather's bits.
+    // gathers across the nodes (a sub-communicator of 2), then inside each node (another
+    // of 2), its ranks holding their partitions place-major, on the GPU as on the host.
     let text = config(3, "bf16", 2, 0.0).replace(
         r#""stage3_max_reuse_distance": 0"#,
         r#""stage3_max_reuse_distance": 0, "mics_hierarchical_params_gather": true"#,
@@ -423,7 +423,7 @@ fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
     let host = run_ranks_config(
         comms,
         || HostDevice,
-        two_nodes(&config(3, "bf16", 2, 0.0)),
+        two_nodes(&text),
         seed,
         mlp_modules,
         |e| run(e, &data),
@@ -431,7 +431,7 @@ fn gpu_engine_with_shard_groups_and_hpz_gives_the_host_engines_bits() {
     for (r, (h, d)) in host.iter().zip(&dev).enumerate() {
         assert!(
             bits(h) == bits(d),
-            "node-first gathers, rank {r}: the GPU's differ from the host's one-step gathers (seed {seed})"
+            "hierarchical gathers, rank {r}: the GPU's differ from the host's (seed {seed})"
         );
     }
 }

@@ -18,7 +18,7 @@
 //! | [`Tiered::replicas_all_reduce`] | the replica group: every replica's buffer summed (or averaged) into each |
 //! | [`Tiered::replicas_broadcast`] | the replica group: one replica's buffer to the others |
 //! | [`Tiered::secondary_all_gather`] | the secondary group (hpZ) |
-//! | [`Tiered::node_first_all_gather`] | a shard group that spans nodes, in two steps (`mics_hierarchical_params_gather`): the node's ranks of the shard group gather their pieces into a block (intra-node), then the shard group's ranks with the same place in their nodes gather the blocks (inter-node). Rank `j·G + g` of the shard group holds piece `j·G + g`, so node `j`'s block is the output's `j`-th `n/k` elements and the second step writes the output in order: no permutation, the same bits as `all_gather` |
+//! | [`Tiered::hierarchical_all_gather`] | a shard group of `k` whole nodes, in two steps (`mics_hierarchical_params_gather`): the `k` ranks with the same place `g` in their nodes gather their pieces into a block (inter-node, `n/G` elements), then the node's `G` ranks gather the blocks (intra-node). The shard group's ranks are ordered `g·k + j` (place `g` on node `j`, [`Layout::shard_key`]), so place `g`'s ranks hold consecutive partitions, its block is the output's `g`-th `n/G` elements, and the second step writes the output in order: no copy, the bits `all_gather` gives. Only `n(k−1)/S` of each gather crosses nodes, `G` times less than in one step |
 //!
 //! The replica all-reduce is issued when the reduce-scatter's handle is waited for, so
 //! every rank issues it in the order it waits, which an engine makes the same on every
@@ -113,11 +113,24 @@ impl Layout {
         self.tier_of(first, first + (self.replicas() - 1) * self.shard_size)
     }
 
-    /// Whether a node-first gather has two steps to take: the shard group spans nodes, and
-    /// whole ones (`S` a multiple of `G`, `G` > 1).
-    pub fn node_first_applies(&self) -> bool {
+    /// Whether a hierarchical gather has two steps to take: the shard group spans nodes,
+    /// and whole ones (`S` a multiple of `G`, `G` > 1).
+    pub fn hierarchical_applies(&self) -> bool {
         let g = self.ranks_per_node;
         g > 1 && self.shard_size > g && self.shard_size % g == 0
+    }
+
+    /// This rank's place in its shard group, which is the partition it holds: its place
+    /// among the group's consecutive ranks, `j·G + g` for place `g` on the group's node
+    /// `j`; with `hierarchical` (gathers across the nodes first) `g·k + j`, `k` nodes per
+    /// group, so that the `k` ranks of place `g` hold consecutive partitions.
+    pub fn shard_key(&self, hierarchical: bool) -> usize {
+        let at = self.rank % self.shard_size;
+        if !hierarchical {
+            return at;
+        }
+        let g = self.ranks_per_node;
+        (at % g) * (self.shard_size / g) + at / g
     }
 
     /// The tier of the secondary group (consecutive ranks inside a node).
@@ -177,7 +190,7 @@ pub struct Tiered<C: Communicator> {
     /// `mics_hierarchical_params_gather` on a shard group that spans nodes: the node's
     /// ranks of the shard group, and the shard group's ranks with this rank's place in
     /// their node.
-    node_first: Option<Box<(C, C)>>,
+    hierarchical: Option<Box<(C, C)>>,
     layout: Layout,
     shard: C,
     replicas: Option<Arc<Mutex<C>>>,
@@ -202,7 +215,7 @@ impl<C: Communicator> Tiered<C> {
         let (rank, world) = (comm.rank(), comm.world_size());
         let layout = Layout::new(rank, world, ranks_per_node, world, 1)?;
         Ok(Self {
-            node_first: None,
+            hierarchical: None,
             layout,
             shard: comm,
             replicas: None,
@@ -214,8 +227,9 @@ impl<C: Communicator> Tiered<C> {
 
     /// Splits `world` into shard groups of `shard_size` ranks, their replica groups, and
     /// (`secondary_size` > 1) hpZ's secondary groups, on nodes of `ranks_per_node`; with
-    /// `node_first_gather` (`mics_hierarchical_params_gather`) and a shard group that
-    /// spans whole nodes, the two groups of [`node_first_all_gather`](Self::node_first_all_gather).
+    /// `hierarchical_gather` (`mics_hierarchical_params_gather`) and a shard group that
+    /// spans whole nodes, the two groups of [`hierarchical_all_gather`](Self::hierarchical_all_gather),
+    /// and the shard group's ranks in the order that gather needs ([`Layout::shard_key`]).
     /// A collective of `world`: every rank calls it with the same sizes. Sizes that leave
     /// one flat group split nothing.
     pub fn split(
@@ -223,7 +237,7 @@ impl<C: Communicator> Tiered<C> {
         ranks_per_node: usize,
         shard_size: usize,
         secondary_size: usize,
-        node_first_gather: bool,
+        hierarchical_gather: bool,
     ) -> Result<Self, CommError> {
         let layout = Layout::new(
             world.rank(),
@@ -238,7 +252,8 @@ impl<C: Communicator> Tiered<C> {
         } else {
             None
         };
-        let node_first = if node_first_gather && layout.node_first_applies() {
+        let hierarchical = hierarchical_gather && layout.hierarchical_applies();
+        let hierarchical_groups = if hierarchical {
             let g = layout.ranks_per_node;
             let node = world.split(r / g, r)?;
             let cross = world.split((r / shard_size) * g + r % g, r)?;
@@ -246,19 +261,18 @@ impl<C: Communicator> Tiered<C> {
         } else {
             None
         };
-        let (shard, replicas, kept) = if shard_size < layout.world {
-            let shard = world.split(r / shard_size, r)?;
-            let replicas = world.split(r % shard_size, r)?;
-            (
-                shard,
-                Some(Arc::new(Mutex::new(replicas))),
-                Some(Box::new(world)),
-            )
+        let (shard, replicas, kept) = if shard_size < layout.world || hierarchical {
+            let shard = world.split(r / shard_size, layout.shard_key(hierarchical))?;
+            let replicas = (shard_size < layout.world)
+                .then(|| world.split(r % shard_size, r))
+                .transpose()?
+                .map(|c| Arc::new(Mutex::new(c)));
+            (shard, replicas, Some(Box::new(world)))
         } else {
             (world, None, None)
         };
         Ok(Self {
-            node_first,
+            hierarchical: hierarchical_groups,
             layout,
             shard,
             replicas,
@@ -346,66 +360,69 @@ impl<C: Communicator> Tiered<C> {
         self.replicas.is_some()
     }
 
-    /// The nodes `k` of this rank's shard group where its gathers go node first (the
-    /// size of the cross-node group), or `None` where they have one step.
-    pub fn node_first_nodes(&self) -> Option<usize> {
-        self.node_first
+    /// The nodes `k` of this rank's shard group where its gathers go across the nodes
+    /// first (the size of the cross-node group), or `None` where they have one step.
+    pub fn hierarchical_nodes(&self) -> Option<usize> {
+        self.hierarchical
             .as_deref()
             .map(|(_, cross)| cross.world_size())
     }
 
-    /// The block a [`node_first_all_gather`](Self::node_first_all_gather) of `total`
-    /// elements needs (`total / k`, `k` nodes per shard group), or `None` where the
-    /// gather has one step.
+    /// The block a [`hierarchical_all_gather`](Self::hierarchical_all_gather) of `total`
+    /// elements needs (`total / G`, `G` ranks per node: the `k` pieces of this rank's
+    /// place in each node), or `None` where the gather has one step.
     pub fn gather_block_len(&self, total: usize) -> Option<usize> {
-        self.node_first_nodes().map(|k| total / k)
+        self.hierarchical
+            .as_deref()
+            .map(|(node, _)| total / node.world_size())
     }
 
-    /// The shard group's all-gather of `input` into `output` inside the node first, then
-    /// across the nodes (see the module docs), through `block` (of
+    /// The shard group's all-gather of `input` into `output` across the nodes first, then
+    /// inside the node (see the module docs), through `block` (of
     /// [`gather_block_len`](Self::gather_block_len) elements); an `all_gather` where the
-    /// gather has one step (`block` is then dropped). The node's step is waited for here,
-    /// before the second is issued: both are issued in the caller's order on every rank.
-    pub fn node_first_all_gather(
+    /// gather has one step (`block` is then dropped). The cross-node step is waited for
+    /// here, before the node's is issued: both are issued in the caller's order on every
+    /// rank.
+    pub fn hierarchical_all_gather(
         &self,
         input: C::Buffer,
         block: C::Buffer,
         output: C::Buffer,
     ) -> Result<TieredWork<C, BufferPair<C>>, CommError> {
-        let Some(groups) = self.node_first.as_deref() else {
+        let Some(groups) = self.hierarchical.as_deref() else {
             return self.all_gather(input, output);
         };
         let (node, cross) = (&groups.0, &groups.1);
-        if block.len() * cross.world_size() != output.len() {
+        if block.len() * node.world_size() != output.len() {
             return Err(CommError::InvalidArgument {
                 rank: self.layout.rank,
-                op: "all_gather (node first)".into(),
+                op: "all_gather (across nodes first)".into(),
                 reason: format!(
-                    "a block of {} elements for {} nodes does not make an output of {}",
+                    "a block of {} elements for {} ranks per node does not make an output of {}",
                     block.len(),
-                    cross.world_size(),
+                    node.world_size(),
                     output.len()
                 ),
             });
         }
         self.book(
-            Tier::IntraNode,
-            OpKind::AllGather,
-            &block,
-            node.rank(),
-            node.world_size(),
-            0,
-        );
-        self.book(
             self.layout.shard_tier(),
             OpKind::AllGather,
-            &output,
+            &block,
             cross.rank(),
             cross.world_size(),
             0,
         );
-        let (input, block) = node.all_gather(input, block)?.wait()?;
-        let work = cross.all_gather(block, output)?;
+        self.book(
+            Tier::IntraNode,
+            OpKind::AllGather,
+            &output,
+            node.rank(),
+            node.world_size(),
+            0,
+        );
+        let (input, block) = cross.all_gather(input, block)?.wait()?;
+        let work = node.all_gather(block, output)?;
         Ok(TieredWork::Deferred(Box::new(move || {
             let (_block, output) = work.wait()?;
             Ok((input, output))

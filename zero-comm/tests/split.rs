@@ -348,3 +348,76 @@ fn a_tiered_reduction_in_two_halves_is_the_chained_one() {
         assert_eq!(flat.tier_stats(), Default::default());
     });
 }
+
+#[test]
+fn a_hierarchical_gather_goes_across_the_nodes_first_into_the_one_step_order() {
+    // Eight ranks on four nodes of two. Shard groups of 8 (k = 4 nodes) and of 4 (k = 2,
+    // two replicas), and the world on nodes of 4 (k = 2, G = 4): the shard group's ranks
+    // are ordered place-major (place g of node j is shard rank g·k + j), a gather across
+    // the nodes first and then inside the node puts every partition where the one-step
+    // gather of the same shard group does, and books n/G − n/S across the nodes and
+    // n − n/G inside per rank. Odd lengths come through as whole blocks of n/G.
+    let seed = seed("tiered_hierarchical");
+    for (per_node, shard) in [(2usize, 8usize), (2, 4), (4, 8)] {
+        let k = shard / per_node;
+        let n = shard * 5;
+        let got = run_ranks(HostGroup::new(8).unwrap(), |comm: HostComm| {
+            let rank = comm.rank();
+            let tiered = Tiered::split(comm, per_node, shard, 1, true).unwrap();
+            let at = rank % shard;
+            let want_key = (at % per_node) * k + at / per_node;
+            assert_eq!(tiered.rank(), want_key, "rank {rank}: shard rank");
+            assert_eq!(tiered.hierarchical_nodes(), Some(k));
+            let part = even_split(n, shard, tiered.rank());
+            let mine = HostBuffer::from(input(seed, rank, part.len()));
+            let block_len = tiered.gather_block_len(n).unwrap();
+            assert_eq!(block_len, n / per_node);
+            let before = tiered.tier_stats();
+            let (_, two_steps) = tiered
+                .hierarchical_all_gather(
+                    mine.clone(),
+                    HostBuffer::from(vec![f32::NAN; block_len]),
+                    HostBuffer::from(vec![f32::NAN; n]),
+                )
+                .unwrap()
+                .wait()
+                .unwrap();
+            let booked = tiered.tier_stats();
+            let (_, one_step) = tiered
+                .all_gather(mine, HostBuffer::from(vec![f32::NAN; n]))
+                .unwrap()
+                .wait()
+                .unwrap();
+            let to_bits = |b: &HostBuffer| f32s(b).iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                to_bits(&two_steps),
+                to_bits(&one_step),
+                "rank {rank}, S = {shard}"
+            );
+            let inter = booked.inter_node.total_elements() - before.inter_node.total_elements();
+            let intra = booked.intra_node.total_elements() - before.intra_node.total_elements();
+            assert_eq!(
+                inter as usize,
+                n / per_node - n / shard,
+                "rank {rank}, S = {shard}"
+            );
+            assert_eq!(intra as usize, n - n / per_node, "rank {rank}, S = {shard}");
+            (rank, tiered.rank(), f32s(&two_steps))
+        });
+        // Partition q of the gathered output is the input of the rank whose shard rank is q.
+        for (rank, _, out) in &got {
+            let first = rank / shard * shard;
+            for (r, q, _) in got
+                .iter()
+                .filter(|(r, _, _)| (first..first + shard).contains(r))
+            {
+                let part = even_split(n, shard, *q);
+                assert_eq!(
+                    out[part.clone()],
+                    input(seed, *r, part.len())[..],
+                    "rank {rank}: partition {q}"
+                );
+            }
+        }
+    }
+}

@@ -254,20 +254,22 @@ pub(super) const MICS_SHARD_SIZE: Key = Key::new(
     nothing and ignores it, noted. See docs/SCALING.md",
 );
 
-/// Stage 3's parameter gathers of a shard group that spans nodes: inside the node first.
+/// Stage 3's parameter gathers of a shard group that spans nodes: across the nodes first.
 pub(super) const MICS_HIERARCHICAL_PARAMS_GATHER: Key =
     Key::new("mics_hierarchical_params_gather", KeyDefault::Bool(false))
         .stage3(true)
         .doc(
-            "A shard group that spans nodes (`mics_shard_size` a multiple of the ranks per \
-            node, more than one node) all-gathers parameters in two steps: inside the node \
-            (the node's G pieces, one block), then across the nodes (the same local rank \
-            of each node, whole blocks). The gathered bucket is the same bits; a rank then \
-            sends n(k−1)/k of an n-element bucket across nodes (k nodes per shard group) \
-            instead of n(S−1)/S, and holds a block of n/k elements while the gather is in \
-            flight. A shard group inside one node gathers in one step, as without it \
-            (DeepSpeed's MiCS raised NotImplementedError for this key). \
-            See docs/SCALING.md",
+            "A shard group that spans nodes (`mics_shard_size` = k whole nodes of G ranks, \
+            k > 1) all-gathers parameters in two steps: across the nodes (the k ranks with \
+            the same place in their nodes, a block of n/G), then inside the node (the G \
+            blocks). The group's ranks hold their partitions in the order this needs (place \
+            g of node j holds partition g·k + j), so the gathered bucket needs no copy; the \
+            reduce-scatter sums in that rank order (the same numbers to rounding). A rank \
+            sends n(k−1)/S of an n-element bucket across nodes instead of n(S−1)/S (G times \
+            less) and n(G−1)/G inside the node, and holds a block of n/G while the gather \
+            is in flight. A shard group inside one node gathers in one step, as without it. \
+            DeepSpeed's MiCS (removed in 0.19.8) also gathered across the nodes first. See \
+            docs/SCALING.md",
         );
 
 /// Ranks per hpZ secondary group (ZeRO++).

@@ -50,7 +50,7 @@ pub struct ZeroOptimization {
     /// always 1).
     pub hpz_partition_size: usize,
     /// `mics_hierarchical_params_gather`: stage 3 gathers a shard group that spans nodes
-    /// inside the node first (below stage 3: always `false`).
+    /// across the nodes first (below stage 3: always `false`).
     pub hierarchical_gather: bool,
 }
 

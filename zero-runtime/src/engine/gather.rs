@@ -305,8 +305,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// The shard group's all-gather of a bucket's partition `input` into `output`: in two
-    /// steps, inside the node and then across the nodes, where
-    /// `mics_hierarchical_params_gather` applies (through a block of `total / k` elements
+    /// steps, across the nodes and then inside the node, where
+    /// `mics_hierarchical_params_gather` applies (through a block of `total / G` elements
     /// held until the gather is waited for), else in one.
     fn issue_all_gather(
         &mut self,
@@ -320,7 +320,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.issue(
             |c| &mut c.param_gather,
             |comm| match block {
-                Some(block) => comm.node_first_all_gather(input, block, output),
+                Some(block) => comm.hierarchical_all_gather(input, block, output),
                 None => comm.all_gather(input, output),
             },
         )

@@ -123,8 +123,8 @@ pub struct MemoryReport {
     /// [`gathered`](Self::gathered)), plus the most gathered at once
     /// ([`peak_gathered`](Self::peak_gathered), at most `stage3_max_live_parameters`),
     /// plus their partitions copied as the all-gathers' inputs (`peak_gathered / N`),
-    /// plus, with `mics_hierarchical_params_gather` over `k` nodes, the blocks those
-    /// gathers fill inside the node first (`peak_gathered / k`),
+    /// plus, with `mics_hierarchical_params_gather` on nodes of `G` ranks, the blocks
+    /// those gathers fill across the nodes first (`peak_gathered / G`),
     /// plus one gathered bucket whose release the stream has not reached yet (a freed
     /// buffer returns to the pool when the device runs the free, in stream order), plus
     /// the inputs of the all-gathers after a step (the partitions of the buckets kept
@@ -369,17 +369,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             0
         };
-        // `mics_hierarchical_params_gather` over k nodes: each gather in flight holds a
-        // block of its bucket's 1/k (the node's pieces) until it is waited for.
-        let node_first_blocks = self
-            .comm
-            .node_first_nodes()
-            .map_or(0, |k| r.peak_gathered / k);
+        // `mics_hierarchical_params_gather`: each gather in flight holds a block of its
+        // bucket's 1/G (this place's pieces of every node) until it is waited for.
+        let hierarchical_blocks = self.comm.gather_block_len(r.peak_gathered).unwrap_or(0);
         r.device_bound = r.device_total() - r.gathered - r.hpz_secondary
             + hpz_most * p
             + r.peak_gathered
             + r.peak_gathered / self.world
-            + node_first_blocks
+            + hierarchical_blocks
             + self.host_sync_bytes()
             + (largest_gathered + step_inputs + stage1_outputs) * p;
         r.numel = self.plan.numel();

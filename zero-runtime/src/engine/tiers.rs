@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | the stage's reductions and gathers inside the shard group | the shard group's | the flat formula with `N → S` (`3KΨ'(S−1)/S` at stage 3) |
 //! | hpZ: each micro-step's second gather of a bucket reads the node's `H` ranks instead | intra-node | `K·Σ_b (n_b − own_H(n_b, h))` added, `K(Ψ'+Φ')(S−1)/S` taken off the shard group's |
-//! | `mics_hierarchical_params_gather` (a shard group of `k` whole nodes): each shard-group gather of a bucket inside the node, then across | intra-node | `n_b/k − n_b/S` of each gather's `n_b − n_b/S` moved off the shard group's (inter-node) tier; `2K` gathers per step, `K` with hpZ |
+//! | `mics_hierarchical_params_gather` (a shard group of `k` whole nodes, `G` ranks each): each shard-group gather of a bucket across the nodes (a block of `n_b/G`), then inside the node | intra-node | `n_b − n_b/G` of each gather's `n_b − n_b/S` moved off the shard group's (inter-node) tier, which keeps `n_b/G − n_b/S`; `2K` gathers per step, `K` with hpZ |
 //! | each bucket's reduced partition all-reduced across the replicas | the replica group's | `2·Σ_b (p_b − own_R(p_b, ρ))` once per step (`≈ 2Ψ'(R−1)/(RS)`): stage 1 reduces once per step, stages 2–3 sum the window's reduce-scatters inside the shard group and all-reduce the sum when the step opens ([`Engine::sync_replicas`]); with `offload_optimizer` too, whose window sum in host memory crosses back to the device in chunks for it (without accumulation the one reduction is all-reduced before it crosses) |
 //!
 //! A group is intra-node when all its ranks sit on one node (`ranks_per_node`), else
@@ -103,9 +103,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 "; hpZ (H = {size}): the second gather of each micro-step inside the node, K(Ψ+Φ)(H-1)/H intra-node in place of K(Ψ+Φ)(S-1)/S"
             ));
         }
-        if let Some(nodes) = self.comm.node_first_nodes() {
+        if let Some(nodes) = self.comm.hierarchical_nodes() {
             // mics_hierarchical_params_gather: each shard-group gather of a bucket sends
-            // n/k − n/S inside the node and n − n/k across, instead of n − n/S across.
+            // its block's n/G − n/S across the nodes, then n − n/G inside the node, instead
+            // of n − n/S across.
             let gathers = k * if self.comm.secondary().is_some() {
                 1
             } else {
@@ -115,14 +116,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             for b in (0..self.plan.buckets.len()).filter(|&b| self.params_sharded(b)) {
                 let n = self.plan.buckets[b].layout.total_len();
                 if let Some(block) = self.comm.gather_block_len(n) {
-                    moved += (block - n / layout.shard_size) as u64;
+                    moved += (n - block) as u64;
                 }
             }
             if moved > 0 {
                 tiers[at(layout.shard_tier())] -= gathers * moved;
                 tiers[at(Tier::IntraNode)] += gathers * moved;
                 formula.push_str(&format!(
-                    "; node-first gathers (k = {nodes} nodes per shard group): each sends (Ψ+Φ)(1/k-1/S) intra-node and (Ψ+Φ)(k-1)/k inter-node"
+                    "; hierarchical gathers (k = {nodes} nodes per shard group, across the nodes first): each sends (Ψ+Φ)(k-1)/S inter-node and (Ψ+Φ)(G-1)/G intra-node"
                 ));
             }
         }

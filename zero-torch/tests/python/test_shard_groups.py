@@ -59,7 +59,8 @@ ZERO_RUNS = [
     {"stage": 1, "zero": {**EXACT, "mics_shard_size": 2}},
     {"stage": 2, "zero": EXACT},
     {"stage": 2, "zero": {**EXACT, "mics_shard_size": 2}},
-    # The world's one shard group spans both nodes: gathered inside each node, then across.
+    # The world's one shard group spans both nodes: gathered across the nodes, then inside
+    # each (its ranks holding their partitions place-major, so its sums run in that order).
     {"stage": 3, "zero": {**EXACT, "mics_hierarchical_params_gather": True}},
     # Accumulation (2 micro-batches per step) with clipping, at shard sizes 4 (flat), 2, 1.
     {"stage": 2, "gas": 2, "clip": 0.5, "zero": EXACT},
@@ -81,7 +82,7 @@ ZERO_RUNS = [
     # (0.18 and before): the same run as the shard groups' second.
     {"stage": 3, "mics_init": True, "zero": {**EXACT, "mics_shard_size": 2}},
 ]
-NODE_FIRST = 8
+HIERARCHICAL = 8
 MICS_INIT = len(ZERO_RUNS) - 1
 OFFLOAD_ACCUM = next(i for i, r in enumerate(ZERO_RUNS) if r.get("gas") == 2 and "offload_optimizer" in r["zero"])
 SHARD_KEYS = {"mics_shard_size", "zero_hpz_partition_size", "mics_hierarchical_params_gather"}
@@ -93,7 +94,7 @@ def is_flat(run: Dict[str, Any]) -> bool:
 
 def flat_of(run: Dict[str, Any]) -> int:
     """The index of the flat run ``run`` is held against: the same run without shard groups,
-    hpZ or node-first gathers."""
+    hpZ or hierarchical gathers."""
     want = {k: v for k, v in run.items() if k != "mics_init"}
     want["zero"] = {k: v for k, v in run["zero"].items() if k not in SHARD_KEYS}
     return ZERO_RUNS.index(want)
@@ -164,8 +165,8 @@ def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[s
         rel = max_rel(z[i]["params"], ref["params"])
         loss_rel = max(abs(a - b) / abs(b) for a, b in zip(z[i]["losses"], ref["losses"]))
         print(f"stage {run['stage']} {run['zero']}: parameters {rel:.2g}, losses {loss_rel:.2g} from flat")
-        worst.append((run, rel, loss_rel))
-    for run, rel, loss_rel in worst:
+        worst.append((i, run, rel, loss_rel))
+    for i, run, rel, loss_rel in worst:
         # Two rounds of averaging (inside the shard group, then across the replicas) round
         # differently from one; Adam's first steps (g / (|g| + eps)) turn that rounding,
         # where the ranks' gradients nearly cancel, into up to ~1e-5 of the parameters
@@ -178,6 +179,15 @@ def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[s
             # below hold the fp16 runs to the bit.
             assert loss_rel <= 1e-2, (run, loss_rel)
             assert rel <= 0.1, (run, rel)
+            continue
+        if i == HIERARCHICAL:
+            # Gathered across the nodes first, the shard group's ranks hold their
+            # partitions place-major (rank 1 holds partition 2 here), so its reduce-scatter
+            # sums the four ranks in another order than the flat run's; Adam's first steps
+            # carry that rounding: measured 1.1e-6 on the losses, 2.5e-5 of the largest
+            # parameter (the Rust MLP holds 1e-6). The gloo runs hold it to the bit.
+            assert loss_rel <= 1e-5, (run, loss_rel)
+            assert rel <= 1e-4, (run, rel)
             continue
         if run["stage"] == 3 and run.get("gas", 1) > 1:
             # Stage 3 at accumulation 2: the window is summed inside the shard group and
@@ -197,8 +207,6 @@ def test_shard_groups_and_hpz_follow_the_flat_engine(runs: Dict[str, List[Dict[s
     assert z[OFFLOAD_ACCUM]["losses"] == z[OFFLOAD_ACCUM - 1]["losses"]
     assert same_bits(z[2]["params"], z[1]["params"]), "hpZ on shard groups changed bits"
     assert same_bits(z[3]["params"], z[0]["params"]), "hpZ on the flat layout changed bits"
-    assert same_bits(z[NODE_FIRST]["params"], z[0]["params"]), "node-first gathers changed bits"
-    assert z[NODE_FIRST]["losses"] == z[0]["losses"]
     assert ZERO_RUNS[1] == {k: v for k, v in ZERO_RUNS[MICS_INIT].items() if k != "mics_init"}
     assert same_bits(z[MICS_INIT]["params"], z[1]["params"]), "a model built in MiCS_Init trained differently"
     assert z[MICS_INIT]["losses"] == z[1]["losses"]
@@ -238,8 +246,8 @@ def test_comm_report_per_tier_is_the_formula(runs: Dict[str, List[Dict[str, Any]
             # One node per shard group: only the replica all-reduce leaves the node.
             assert c["inter_node"] == c["theory_inter_node"], (run, c)
             assert 0 < c["inter_node"] < c["intra_node"], (run, c)
-        elif i == NODE_FIRST:
-            # Node first: half of each gather's elements stay inside the node.
+        elif i == HIERARCHICAL:
+            # Across the nodes first: of each gather only a block of n/G crosses the nodes.
             flat = runs["zero"][0]["comm"]
             assert 0 < c["intra_node"] and c["inter_node"] < flat["inter_node"], (run, c, flat)
             assert c["intra_node"] + c["inter_node"] == flat["intra_node"] + flat["inter_node"], (run, c, flat)

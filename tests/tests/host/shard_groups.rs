@@ -21,7 +21,7 @@ use zero_comm::HostGroup;
 use zero_runtime::{CommReport, Engine, HostDevice, LoadOptions, ZeroConfig};
 use zero_tests::{
     bits, dataset, full_params, micro_batch, mlp_config, mlp_modules, run_ranks_config, seed,
-    train_step, Params, MICRO_BATCH,
+    train_step, with_offload, Params, MICRO_BATCH,
 };
 
 const WORLD: usize = 4;
@@ -40,6 +40,11 @@ fn tiered(base: &str, shard: Option<usize>, hpz: usize) -> ZeroConfig {
     let mut cfg = ZeroConfig::from_json(&v, WORLD).expect("valid config");
     cfg.ranks_per_node = Some(PER_NODE);
     cfg
+}
+
+/// `base` with the optimizer's partitions in host memory (`offload_optimizer` on the CPU).
+fn offloaded(base: &str) -> String {
+    with_offload(base, "offload_optimizer", &json!({"device": "cpu"}), None)
 }
 
 /// `base` with `mics_hierarchical_params_gather: true`.
@@ -173,10 +178,7 @@ fn fp16_loss_scaling_and_offload_train_with_shard_groups() {
         // fp16 gradients averaged in two rounds round differently from one: close, not equal.
         let rel = max_rel(&grouped[0], &flat[0]);
         assert!(rel <= 5e-3, "stage {stage} fp16: {rel:e} from flat");
-        let mut v: serde_json::Value =
-            serde_json::from_str(&mlp_config(stage, "fp32", 1, 0.5, false)).expect("json");
-        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
-        let text = v.to_string();
+        let text = offloaded(&mlp_config(stage, "fp32", 1, 0.5, false));
         let flat = train(tiered(&text, None, 1), seed, 4);
         let grouped = train(tiered(&text, Some(2), 1), seed, 4);
         let rel = max_rel(&grouped[0], &flat[0]);
@@ -195,12 +197,10 @@ fn offload_with_shard_groups_all_reduces_the_window_at_the_step() {
     let seed = seed("shard groups offload accumulation");
     for (stage, dtype) in [(2u8, "fp32"), (3, "fp32"), (3, "bf16")] {
         let base = mlp_config(stage, dtype, 3, 0.5, true);
-        let mut v: serde_json::Value = serde_json::from_str(&base).expect("json");
-        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
-        let offloaded = v.to_string();
+        let host_text = offloaded(&base);
         let ctx = format!("stage {stage} {dtype}");
         let device = train(tiered(&base, Some(2), 1), seed, 6);
-        let host = train(tiered(&offloaded, Some(2), 1), seed, 6);
+        let host = train(tiered(&host_text, Some(2), 1), seed, 6);
         for (rank, (a, b)) in host.iter().zip(&device).enumerate() {
             assert_eq!(
                 bits(a),
@@ -209,7 +209,7 @@ fn offload_with_shard_groups_all_reduces_the_window_at_the_step() {
             );
         }
         if dtype == "fp32" {
-            let flat = train(tiered(&offloaded, None, 1), seed, 6);
+            let flat = train(tiered(&host_text, None, 1), seed, 6);
             let rel = max_rel(&host[0], &flat[0]);
             assert!(rel <= 1e-6, "{ctx}: {rel:e} from flat");
         }
@@ -217,8 +217,6 @@ fn offload_with_shard_groups_all_reduces_the_window_at_the_step() {
     // Two passes per micro-step, the second reopening it: the carries are all-reduced.
     let (accum, steps) = (2usize, 3usize);
     let base = mlp_config(3, "fp32", accum, 0.5, false);
-    let mut v: serde_json::Value = serde_json::from_str(&base).expect("json");
-    v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
     let data = dataset(seed, 2 * steps * accum * WORLD * MICRO_BATCH);
     let reopened = |cfg: ZeroConfig| {
         run(cfg, seed, |e| {
@@ -236,7 +234,7 @@ fn offload_with_shard_groups_all_reduces_the_window_at_the_step() {
         })
     };
     let device = reopened(tiered(&base, Some(2), 1));
-    let host = reopened(tiered(&v.to_string(), Some(2), 1));
+    let host = reopened(tiered(&offloaded(&base), Some(2), 1));
     for (rank, (a, b)) in host.iter().zip(&device).enumerate() {
         assert_eq!(
             bits(a),
@@ -328,10 +326,8 @@ fn elements_per_tier_are_exactly_the_formulas() {
     // replicas once per step too: it crosses back to the device for that.
     for stage in [2u8, 3] {
         let accum = 3u64;
-        let mut v: serde_json::Value =
-            serde_json::from_str(&accounting_config(stage, accum as usize)).expect("json");
-        v["zero_optimization"]["offload_optimizer"] = json!({"device": "cpu"});
-        let reports = comm_reports(tiered(&v.to_string(), Some(2), 1), seed, accum);
+        let text = offloaded(&accounting_config(stage, accum as usize));
+        let reports = comm_reports(tiered(&text, Some(2), 1), seed, accum);
         for (rank, c) in reports.iter().enumerate() {
             let ctx = format!("offload stage {stage} accumulation {accum} rank {rank}: {c:?}");
             let t = c.last_step_tiers;

@@ -272,7 +272,8 @@ class Init:
                 f"zero.Init(remote_device={remote_device!r}) is not supported: use offload_param in the config"
             )
         self.enabled = enabled
-        self.dtype = dtype if dtype is not None else _config_dtype(config_dict_or_path if config_dict_or_path is not None else config)
+        self._config_given: Any = config_dict_or_path if config_dict_or_path is not None else config
+        self.dtype = dtype if dtype is not None else _config_dtype(self._config_given)
         self._saved: Optional[torch.dtype] = None
         self._spec: Optional[_lazy_init.LazySpec] = None
         if enabled and (seed is not None or checkpoint is not None or param_init_fn is not None):
@@ -348,15 +349,13 @@ class MiCSInit(DeepSpeedInit):
     checked, not used (a script passes the same config to both)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        given = kwargs.get("config_dict_or_path", args[5] if len(args) > 5 else None)
-        if given is None:
-            given = kwargs.get("config", args[6] if len(args) > 6 else None)
-        if given is None:
+        super().__init__(*args, **kwargs)
+        if self._config_given is None:
             raise ConfigError(
                 "deepspeed.zero.MiCS_Init needs the DeepSpeed config (config_dict_or_path=), "
                 "whose zero_optimization.mics_shard_size sets the shard groups"
             )
-        zero_section = (_read_config(given) or {}).get("zero_optimization")
+        zero_section = (_read_config(self._config_given) or {}).get("zero_optimization")
         size = zero_section.get("mics_shard_size") if isinstance(zero_section, dict) else None
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(
@@ -365,7 +364,6 @@ class MiCSInit(DeepSpeedInit):
                 "many ranks (use deepspeed.zero.Init for flat ZeRO-3)"
             )
         self.shard_size: int = size
-        super().__init__(*args, **kwargs)
 
 
 def _initializers_disabled() -> bool:

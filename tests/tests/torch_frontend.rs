@@ -122,6 +122,13 @@ fn zero_ckpt() -> Option<PathBuf> {
     None
 }
 
+/// Whether every cargo build of this run uses maturin's PyO3 settings (`.ci/run` exports
+/// them), so that the wheel may share the test command's target folder.
+fn shares_pyo3_settings() -> bool {
+    std::env::var("PYO3_BUILD_EXTENSION_MODULE").is_ok_and(|v| v == "1")
+        && std::env::var_os("PYO3_CONFIG_FILE").is_some()
+}
+
 /// Whether a missing dependency is a failure (CI) rather than a visible skip.
 fn required() -> bool {
     std::env::var("ZERO_REQUIRE_TORCH").is_ok_and(|v| v == "1")
@@ -143,13 +150,20 @@ fn zero_torch_passes_its_python_tests() {
         .expect("temporary folder");
     let wheels = tmp.path().join("wheels");
     let installed = tmp.path().join("site");
-    // The wheel as a user gets it (abi3), built with the dev profile: the workspace sets it
-    // to the test profile's optimization (the root Cargo.toml), so its dependencies are the
-    // test command's own build, reused where a release wheel compiled them all again (about
-    // 9 minutes of CI on 2 cores). The code is the release wheel's; only the optimization
-    // level (2, not 3) and debug assertions differ, neither of which changes arithmetic.
+    // The wheel as a user gets it (abi3), built with the dev profile, which the workspace
+    // optimizes as the test profile (the root Cargo.toml). The code is the release wheel's;
+    // only the optimization level (2, not 3) and debug assertions differ, neither of which
+    // changes arithmetic. Where maturin's PyO3 settings are exported for every build
+    // (`.ci/run` does), the wheel shares the test command's artifacts: its dependencies are
+    // not compiled again. Elsewhere it builds in a folder of its own: maturin builds PyO3
+    // with those settings, and in the test command's folder that would make the next
+    // `cargo test` rebuild PyO3 and every zero crate and test binary above it.
+    let mut maturin = Command::new(site.join("bin/maturin"));
+    if !shares_pyo3_settings() {
+        maturin.env("CARGO_TARGET_DIR", root.join("target/wheel"));
+    }
     let built = run(
-        Command::new(site.join("bin/maturin"))
+        maturin
             .args(["build", "--quiet", "-m"])
             .arg(root.join("zero-torch/Cargo.toml"))
             .arg("--out")

@@ -62,9 +62,10 @@ fn ended_by(child: &mut Child, deadline: Instant) -> Option<bool> {
 
 /// The test files run in a second pytest process beside the rest of the suite: the client
 /// suite and the Hugging Face Trainer's (on 2026-12-04, 2 cores, the rest took 26:44 and
-/// the client suite alone 15:42 beside it; the Trainer's file, 5:15 alone, evens them). Most tests start 2-process jobs whose ranks and
-/// launchers spend seconds importing torch, DeepSpeed and transformers one core at a time,
-/// so one pytest process kept 2 cores about 1.6 busy (2026-12-01, 2 cores). Side by side
+/// the client suite alone 15:42 beside it; with the Trainer's file, 5:15 alone, moved
+/// here: 25:11 and 22:22). Most tests start 2-process jobs whose ranks and launchers
+/// spend seconds importing torch, DeepSpeed and transformers one core at a time, so one
+/// pytest process kept 2 cores about 1.6 busy (2026-12-01, 2 cores). Side by side
 /// the suite took 35 min against the serial one's expected 36.5 (docs/BENCHMARKS.md, CI
 /// time 2026-12-02): it is mostly CPU-bound, and each shard's tests run about half as
 /// fast. Nothing is shared between them but DeepSpeed's JIT-built ops

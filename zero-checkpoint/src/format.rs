@@ -110,7 +110,7 @@ pub struct FileEntry {
 }
 
 /// Step counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Steps {
     /// Optimizer steps taken (the Adam step).
     pub optimizer: u64,

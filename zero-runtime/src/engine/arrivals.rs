@@ -309,7 +309,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         for &m in release.iter().filter(|m| !late.contains(m)) {
             self.release(m)?;
         }
-        self.window.passes_since_step += 1;
+        self.window.end_backward();
         Ok(BackwardEnd {
             late,
             missing,

@@ -58,7 +58,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .layout
                     .tensor_shards(index)?
                     .into_iter()
-                    .filter(|s| s.rank == self.rank && !s.tensor_range.is_empty())
+                    .filter(|s| s.rank == self.shard.rank && !s.tensor_range.is_empty())
                     .map(|s| s.tensor_range)
                     .collect())
             }
@@ -83,7 +83,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 let layout = &self.plan.buckets[bucket].layout;
                 let at = layout.tensor_range(index).start + range.start;
                 if self.params_sharded(bucket) {
-                    let part = layout.partition_range(self.rank)?.start;
+                    let part = layout.partition_range(self.shard.rank)?.start;
                     self.upload_owned_f32(bucket, at - part, values)
                 } else {
                     let params = self.buckets[bucket].params.get_mut()?;

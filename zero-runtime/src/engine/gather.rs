@@ -20,6 +20,21 @@ use crate::EngineError;
 use std::time::Instant;
 use zero_comm::{Communicator, Completion};
 
+/// Elements of the buckets gathered whole now (in flight or ready), and the most at once
+/// (the memory report's `gathered` and `peak_gathered`).
+#[derive(Debug, Default)]
+pub(super) struct Live {
+    pub(super) now: usize,
+    pub(super) peak: usize,
+}
+
+impl Live {
+    fn add(&mut self, n: usize) {
+        self.now += n;
+        self.peak = self.peak.max(self.now);
+    }
+}
+
 /// The recorded order of `fetch` calls in one pass (forward and backward).
 #[derive(Debug, Default)]
 pub(super) struct Trace {
@@ -185,8 +200,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let work = self.issue_all_gather(input, output)?;
             self.buckets[b].gather.start(work, Source::Primary);
         }
-        self.live_gathered += total;
-        self.peak_gathered = self.peak_gathered.max(self.live_gathered);
+        self.live.add(total);
         Ok(())
     }
 
@@ -225,7 +239,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     fn free_gathered(&mut self, b: usize) {
         if self.buckets[b].gather.release() {
-            self.live_gathered -= self.plan.buckets[b].layout.total_len();
+            self.live.now -= self.plan.buckets[b].layout.total_len();
         }
     }
 
@@ -281,7 +295,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             if !self.buckets[b].gather.is_idle() {
                 continue;
             }
-            if (self.live_gathered + total) as u64 > max_live {
+            if (self.live.now + total) as u64 > max_live {
                 break;
             }
             self.issue_gather(b)?;

@@ -90,8 +90,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn end_micro_step(&mut self) {
         self.pool.trim();
         self.drop_secondaries();
-        self.last_pass_boundary = self.pass_ends_window();
-        self.micro_done += 1;
+        self.window.end_micro_step();
         self.pass.reset();
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
@@ -111,14 +110,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// step reads the carry plus the new pass's reduced gradients (reduction is linear,
     /// so this is the reduction of the sum, up to rounding).
     pub fn reopen_micro_step(&mut self) -> Result<(), EngineError> {
-        if self.micro_done == 0 || self.pass.ready_count() != 0 || self.external.is_some() {
+        if self.window.ended() == 0 || self.pass.ready_count() != 0 || self.external.is_some() {
             return Err(EngineError::Order(format!(
                 "reopen_micro_step() needs a micro-step that ended and no step begun ({} micro-steps done, {} modules of the current one)",
-                self.micro_done, self.pass.ready_count()
+                self.window.ended(),
+                self.pass.ready_count()
             )));
         }
-        if !self.last_pass_boundary {
-            self.micro_done -= 1;
+        if !self.window.last_ended_window() {
+            self.window.reopen();
             return Ok(());
         }
         self.finish_all()?;
@@ -133,7 +133,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let Some(host) = self.host_grads_mut() {
             host.zero()?;
         }
-        self.micro_done -= 1;
+        self.window.reopen();
         Ok(())
     }
 
@@ -198,7 +198,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     fn bucket_ready(&mut self, b: usize) -> Result<(), EngineError> {
         let t0 = Instant::now();
         let k = self.cfg.gradient_accumulation_steps;
-        let boundary = self.pass_ends_window();
+        let boundary = self.window.pass_ends_window();
         let part = self.plan.buckets[b].layout.partition_len();
         let reduction = if !self.policy.shards_gradients() {
             let total = self.plan.buckets[b].layout.total_len();
@@ -353,7 +353,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     // Stage 1: the reduced partition goes back into the whole-bucket buffer.
                     let start = self.plan.buckets[bucket]
                         .layout
-                        .partition_range(self.rank)?
+                        .partition_range(self.shard.rank)?
                         .start;
                     self.dev.copy(&output, 0..part, &mut input, start)?;
                     self.buckets[bucket].grads.put_written(input);

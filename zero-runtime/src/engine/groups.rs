@@ -15,6 +15,18 @@ use std::ops::Range;
 use zero_comm::Communicator;
 use zero_kernels::AdamConfig;
 
+/// The optimizer parameter groups, and the runs of one group each that they cut what a
+/// rank holds of each bucket into.
+#[derive(Debug)]
+pub(super) struct Groups {
+    /// Each group's hyper-parameters (`lr`: the group's base LR).
+    pub(super) adam: Vec<AdamConfig>,
+    /// Each group's base LR in full precision (the schedule starts from it).
+    pub(super) base_lrs: Vec<f64>,
+    /// Per bucket: the runs of its held optimizer range, each with its group.
+    pub(super) runs: Vec<Vec<(Range<usize>, usize)>>,
+}
+
 /// Bucket `b`'s runs over `held` (its range in the bucket's flat layout that this rank
 /// steps), as ranges relative to `held.start`, each with its group; together they cover
 /// `0..held.len()`.
@@ -74,16 +86,16 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The number of optimizer parameter groups (one more than the highest
     /// [`ParamSpec::group`](crate::ParamSpec::group)).
     pub fn group_count(&self) -> usize {
-        self.groups.len()
+        self.groups.adam.len()
     }
 
     /// Group `g`'s hyper-parameters; its `lr` is the group's base LR (what an LR schedule
     /// starts from, or the LR itself without one).
     pub fn group(&self, g: usize) -> Result<AdamConfig, EngineError> {
-        self.groups.get(g).copied().ok_or_else(|| {
+        self.groups.adam.get(g).copied().ok_or_else(|| {
             EngineError::InvalidModel(format!(
                 "parameter group {g} does not exist (the model has {} group(s))",
-                self.groups.len()
+                self.groups.adam.len()
             ))
         })
     }
@@ -99,8 +111,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 reason: e.to_string(),
             })
         })?;
-        self.groups[g] = cfg;
-        self.base_lrs[g] = cfg.lr as f64;
+        self.groups.adam[g] = cfg;
+        self.groups.base_lrs[g] = cfg.lr as f64;
         Ok(())
     }
 
@@ -112,14 +124,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             ..self.group(g)?
         };
         self.set_group(g, cfg)?;
-        self.base_lrs[g] = lr;
+        self.groups.base_lrs[g] = lr;
         Ok(())
     }
 
     /// The LR each group's next optimizer step uses (the schedule applied to each
     /// group's base LR).
     pub fn group_lrs(&self) -> Vec<f64> {
-        self.base_lrs
+        self.groups
+            .base_lrs
             .iter()
             .map(|&lr| self.schedule.lr_for(lr))
             .collect()
@@ -135,7 +148,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut at = 0;
         for (b, bucket) in self.plan.trainable().iter().enumerate() {
             let held = self.opt_start(b)?;
-            for (run, rg) in &self.runs[b] {
+            for (run, rg) in &self.groups.runs[b] {
                 if *rg != g {
                     continue;
                 }
@@ -164,13 +177,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Bucket `b`'s runs with the hyper-parameters of this step.
     pub(super) fn adam_runs(&self, b: usize) -> Vec<AdamRun> {
-        self.runs[b]
+        self.groups.runs[b]
             .iter()
             .map(|(range, g)| AdamRun {
                 range: range.clone(),
                 cfg: AdamConfig {
-                    lr: self.schedule.lr_for(self.base_lrs[*g]) as f32,
-                    ..self.groups[*g]
+                    lr: self.schedule.lr_for(self.groups.base_lrs[*g]) as f32,
+                    ..self.groups.adam[*g]
                 },
             })
             .collect()

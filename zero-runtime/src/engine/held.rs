@@ -54,11 +54,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let buf = self.buckets[bucket].params.get()?;
             return Ok(HeldParam::Buffer(buf, layout.tensor_range(index)));
         }
-        let part = layout.partition_range(self.rank)?.start;
+        let part = layout.partition_range(self.shard.rank)?.start;
         let range = layout
             .tensor_shards(index)?
             .into_iter()
-            .find(|s| s.rank == self.rank)
+            .find(|s| s.rank == self.shard.rank)
             .map_or(0..0, |s| s.flat_range.start - part..s.flat_range.end - part);
         match &self.param_tier {
             Some(tier) if tier.holds(bucket) => Ok(match tier.host_partition(bucket) {

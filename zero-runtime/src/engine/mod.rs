@@ -13,8 +13,9 @@
 //!
 //! Or the engine decides when a module is complete (`arrivals.rs`): per gradient
 //! `begin_grad(m, k)`, write it, `finish_grad(m, k)` (declares `m` ready when complete),
-//! then `end_backward(release)` for the rest; `window.rs` counts a DeepSpeed front-end's
-//! `step()` calls (`step_call`).
+//! then `end_backward(release)` for the rest. `window.rs` is the accumulation window, in
+//! one place: a DeepSpeed front-end's `step()` calls (`step_call`) and the micro-steps the
+//! reductions count.
 //!
 //! The trainer multiplies its loss by [`Engine::loss_scale_factor`] (the loss scale over
 //! `K`, as DeepSpeed's `backward` does).
@@ -48,6 +49,7 @@ pub use report::{CommReport, MemoryReport, StepOutcome, TierBytes, Timings};
 pub use step::ExternalArray;
 pub use tiers::TierCounters;
 
+use crate::checkpoint::format::Steps;
 use crate::config::{Precision, ZeroConfig};
 use crate::device::{AdamState, Device};
 use crate::model::ModuleSpec;
@@ -182,6 +184,13 @@ type W2<C> = <Tiered<C> as Communicator>::Pending<(
     <C as Communicator>::Buffer,
 )>;
 
+/// A rank's place in a group of ranks: its index and the group's size.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    rank: usize,
+    size: usize,
+}
+
 /// The ZeRO engine of one rank.
 pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     cfg: ZeroConfig,
@@ -191,11 +200,9 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     comm: Tiered<C>,
     dev: D,
     /// This rank in its shard group, and the group's size: what partitions are cut by.
-    rank: usize,
-    world: usize,
+    shard: Place,
     /// This rank in the data-parallel world, and its size.
-    dp_rank: usize,
-    dp_world: usize,
+    dp: Place,
     dtype: DType,
     modules: Vec<ModuleSpec>,
     first_param: Vec<usize>,
@@ -207,25 +214,18 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     inflight: VecDeque<Reduction<W1<C>, W2<C>>>,
     scaler: LossScaler,
     schedule: LrSchedule,
-    optimizer_steps: u64,
-    global_steps: u64,
-    skipped_steps: u64,
-    micro_done: u64,
-    /// The window's end as the trainer declares it (`set_accumulation_boundary`), instead
-    /// of counting `gradient_accumulation_steps` micro-steps.
-    window_end: Option<bool>,
-    /// Whether the micro-step that ended last was the window's last (its reductions ran).
-    last_pass_boundary: bool,
+    /// Optimizer steps taken, skipped, and all (what a checkpoint records).
+    steps: Steps,
     /// Which modules this micro-step fetched and which reported their gradients ready.
     pass: pass::Pass,
     /// Gradients counted per trainable parameter in the pass under way, and what one
     /// backward is expected to bring: decides when a module is complete.
     arrivals: arrivals::Arrivals,
-    /// The front-end's micro-step counters and declared boundary.
+    /// The accumulation window: the front-end's counters and the reductions'.
     window: window::Window,
     trace: gather::Trace,
-    live_gathered: usize,
-    peak_gathered: usize,
+    /// Elements gathered whole now, and the most at once.
+    live: gather::Live,
     /// Elements sent, by purpose and tier, in all and in the last step.
     books: books::CommBooks,
     timings: report::Clock,
@@ -234,12 +234,8 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     offload: Option<offload::Offload>,
     /// Stage 3's owned parameter partitions when they live off the device.
     param_tier: Option<offload::ParamTier>,
-    /// Each optimizer parameter group's hyper-parameters (`lr`: the group's base LR).
-    groups: Vec<zero_kernels::AdamConfig>,
-    /// Each group's base LR in full precision (the schedule starts from it).
-    base_lrs: Vec<f64>,
-    /// Per bucket: the runs of its held optimizer range, each with its group.
-    runs: Vec<Vec<(std::ops::Range<usize>, usize)>>,
+    /// The optimizer parameter groups and the runs they cut each bucket into.
+    groups: groups::Groups,
     /// A step handed to an external optimizer, begun and not yet finished.
     external: Option<step::External>,
 }
@@ -461,22 +457,25 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut engine = Self {
             scaler: LossScaler::new(&cfg.precision),
             schedule: LrSchedule::new(base_lr, cfg.scheduler),
-            groups: vec![base; group_count],
-            base_lrs: vec![base_lr; group_count],
-            runs,
+            window: window::Window::new(cfg.gradient_accumulation_steps),
+            groups: groups::Groups {
+                adam: vec![base; group_count],
+                base_lrs: vec![base_lr; group_count],
+                runs,
+            },
             external: None,
             frozen: dev.zeros(dtype, plan.frozen_len)?,
             cfg,
             policy,
             comm,
             dev,
-            rank,
-            world,
-            dp_rank,
-            dp_world,
+            shard: Place { rank, size: world },
+            dp: Place {
+                rank: dp_rank,
+                size: dp_world,
+            },
             dtype,
             pass: pass::Pass::new(modules.len(), trainable_modules),
-            window: window::Window::default(),
             arrivals: arrivals::Arrivals::new(
                 modules
                     .iter()
@@ -488,15 +487,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             plan,
             pool: pool::StagingPool::new(n_buckets),
             inflight: VecDeque::new(),
-            optimizer_steps: 0,
-            global_steps: 0,
-            skipped_steps: 0,
-            micro_done: 0,
-            window_end: None,
-            last_pass_boundary: false,
+            steps: Steps::default(),
             trace: gather::Trace::default(),
-            live_gathered: 0,
-            peak_gathered: 0,
+            live: gather::Live::default(),
             books: books::CommBooks::default(),
             timings: report::Clock::default(),
             last_load_stats: crate::io::ReadStats::default(),
@@ -547,21 +540,19 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     }
 
     /// This rank in the data-parallel world.
-    #[allow(clippy::misnamed_getters)] // (the field `rank` is the shard group's)
     pub fn rank(&self) -> usize {
-        self.dp_rank
+        self.dp.rank
     }
 
     /// Number of data-parallel ranks.
-    #[allow(clippy::misnamed_getters)] // (the field `world` is the shard group's)
     pub fn world_size(&self) -> usize {
-        self.dp_world
+        self.dp.size
     }
 
     /// This rank in its shard group, and the group's size (`mics_shard_size`; the world
     /// when flat): the ranks the model's state is partitioned over.
     pub fn shard_group(&self) -> (usize, usize) {
-        (self.rank, self.world)
+        (self.shard.rank, self.shard.size)
     }
 
     /// Which shard group this rank belongs to (its replica), of how many.
@@ -604,35 +595,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Micro-steps per optimizer step.
     pub fn gradient_accumulation_steps(&self) -> u64 {
         self.cfg.gradient_accumulation_steps
-    }
-
-    /// Declares whether the next micro-steps end the accumulation window (`Some`), as
-    /// DeepSpeed's `set_gradient_accumulation_boundary` (accelerate calls it before every
-    /// backward, and steps only at a boundary): a window then holds as many micro-steps as
-    /// the trainer ran, a short last one included, and `step()` follows a micro-step
-    /// declared the boundary. `None` counts `gradient_accumulation_steps` again. A window
-    /// of several micro-steps needs the accumulation buffers, so `Some(false)` with
-    /// `gradient_accumulation_steps` 1 is refused. Set it between micro-steps.
-    pub fn set_accumulation_boundary(&mut self, boundary: Option<bool>) -> Result<(), EngineError> {
-        if boundary == Some(false) && self.cfg.gradient_accumulation_steps == 1 {
-            return Err(EngineError::Order(
-                "set_gradient_accumulation_boundary(False) with gradient_accumulation_steps 1: a window of several micro-steps needs gradient_accumulation_steps > 1 in the config".into(),
-            ));
-        }
-        if self.pass.ready_count() != 0 {
-            return Err(EngineError::Order(format!(
-                "set_gradient_accumulation_boundary during a micro-step ({} modules reported ready): set it before the backward",
-                self.pass.ready_count()
-            )));
-        }
-        self.window_end = boundary;
-        Ok(())
-    }
-
-    /// Whether the micro-step under way ends the window.
-    fn pass_ends_window(&self) -> bool {
-        self.window_end
-            .unwrap_or(self.micro_done + 1 == self.cfg.gradient_accumulation_steps)
     }
 
     /// Whether the gradient buffers accumulate the micro-steps in place (stages 0–1,
@@ -699,7 +661,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Optimizer steps taken, skipped steps, and all steps.
     pub fn step_counts(&self) -> (u64, u64, u64) {
-        (self.optimizer_steps, self.skipped_steps, self.global_steps)
+        (self.steps.optimizer, self.steps.skipped, self.steps.global)
     }
 
     /// The communicator's own counters.

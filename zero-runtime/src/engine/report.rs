@@ -317,8 +317,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let p = self.dtype.size_of();
         r.buckets = self.pool.allocated_elements() * p;
-        r.gathered = self.live_gathered * p;
-        r.peak_gathered = self.peak_gathered * p;
+        r.gathered = self.live.now * p;
+        r.peak_gathered = self.live.peak * p;
         let largest_gathered = (0..self.plan.buckets.len())
             .filter(|&b| self.params_sharded(b))
             .map(|b| self.plan.buckets[b].layout.total_len())
@@ -375,13 +375,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         r.device_bound = r.device_total() - r.gathered - r.hpz_secondary
             + hpz_most * p
             + r.peak_gathered
-            + r.peak_gathered / self.world
+            + r.peak_gathered / self.shard.size
             + hierarchical_blocks
             + self.host_sync_bytes()
             + (largest_gathered + step_inputs + stage1_outputs) * p;
         r.numel = self.plan.numel();
         r.padded_numel = self.plan.padded_numel();
-        let (psi, n) = (r.padded_numel, self.world);
+        let (psi, n) = (r.padded_numel, self.shard.size);
         // Optimizer state bytes per parameter: master weights (unless the parameters are
         // them) and two moments.
         let o = if Self::keeps_master_apart(
@@ -405,7 +405,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Elements sent by purpose, and the paper's per-step figure for this stage.
     pub fn comm_report(&self) -> CommReport {
         let psi = self.plan.padded_numel() as u64;
-        let n = self.world as u64;
+        let n = self.shard.size as u64;
         let k = self.cfg.gradient_accumulation_steps.max(1);
         let (factor, formula) = match self.policy.stage {
             0 | 1 => (2, "2Ψ(N-1)/N".to_string()),

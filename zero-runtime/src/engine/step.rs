@@ -59,7 +59,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             Ok(p) => p,
             Err(skipped) => return Ok(skipped),
         };
-        self.optimizer_steps += 1;
+        self.steps.optimizer += 1;
         self.update_parameters(pending.grad_scale)?;
         self.close_taken_step(pending)
     }
@@ -81,14 +81,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// the step is skipped (everything a skip does is done), else how to scale.
     fn open_step(&mut self) -> Result<Result<External, StepOutcome>, EngineError> {
         let k = self.cfg.gradient_accumulation_steps;
-        let complete = match self.window_end {
-            Some(_) => self.micro_done >= 1 && self.last_pass_boundary,
-            None => self.micro_done == k,
-        };
-        if !complete || self.pass.ready_count() != 0 {
+        if !self.window.is_complete() || self.pass.ready_count() != 0 {
             return Err(EngineError::Order(format!(
                 "step() after {} of {k} micro-steps (and {} modules of the current one): every trainable module must call grads_ready in each micro-step",
-                self.micro_done, self.pass.ready_count()
+                self.window.ended(),
+                self.pass.ready_count()
             )));
         }
         if self.external.is_some() {
@@ -102,10 +99,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.sync_replicas()?;
         let (sum_sq, overflow) = self.global_stats()?;
         let scale = self.scaler.scale();
-        self.global_steps += 1;
+        self.steps.global += 1;
         if overflow {
             let change = self.scaler.update(true)?;
-            self.skipped_steps += 1;
+            self.steps.skipped += 1;
             let outcome = StepOutcome {
                 skipped: true,
                 grad_norm: f64::NAN,
@@ -153,15 +150,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if self.policy.shards_parameters() {
             self.free_all_gathered()?;
         }
-        self.micro_done = 0;
-        self.last_pass_boundary = false;
+        self.window.close();
         self.timings.step_ended(t0.elapsed());
         self.books.close_step();
         if self.cfg.wall_clock_breakdown
-            && self.rank == 0
-            && self.global_steps % self.cfg.steps_per_print.max(1) == 0
+            && self.shard.rank == 0
+            && self.steps.global % self.cfg.steps_per_print.max(1) == 0
         {
-            println!("[zero] step {}: {}", self.global_steps, self.timings.last());
+            println!("[zero] step {}: {}", self.steps.global, self.timings.last());
         }
         Ok(())
     }
@@ -185,7 +181,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         match self.open_step()? {
             Err(skipped) => Ok(Some(skipped)),
             Ok(p) => {
-                self.optimizer_steps += 1;
+                self.steps.optimizer += 1;
                 self.external = Some(p);
                 Ok(None)
             }
@@ -195,7 +191,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The number of elements of group `g` this rank steps: its held elements of every
     /// bucket, in bucket order (alignment padding included: its gradient is zero).
     pub fn external_group_len(&self, g: usize) -> usize {
-        self.runs
+        self.groups
+            .runs
             .iter()
             .flatten()
             .filter(|(_, rg)| *rg == g)
@@ -229,7 +226,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.check_external_len(g, out.len())?;
         let mut at = 0;
         for b in self.trainable_range() {
-            for (r, rg) in self.runs[b].clone() {
+            for (r, rg) in self.groups.runs[b].clone() {
                 if rg != g {
                     continue;
                 }
@@ -280,11 +277,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let p = self.external.ok_or_else(|| {
             EngineError::Order("step_external_finish without step_external_begin".into())
         })?;
-        if masters.len() != self.groups.len() {
+        if masters.len() != self.groups.adam.len() {
             return Err(EngineError::InvalidModel(format!(
                 "{} groups of master weights given, the model has {} parameter groups",
                 masters.len(),
-                self.groups.len()
+                self.groups.adam.len()
             )));
         }
         for (g, m) in masters.iter().enumerate() {
@@ -293,7 +290,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.external = None;
         let mut at = vec![0usize; masters.len()];
         for b in self.trainable_range() {
-            for (r, g) in self.runs[b].clone() {
+            for (r, g) in self.groups.runs[b].clone() {
                 let vals = &masters[g][at[g]..at[g] + r.len()];
                 at[g] += r.len();
                 let (dev, master, held) = self.master_mut(b)?;
@@ -311,8 +308,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let Some(p) = self.external.take() else {
             return Ok(());
         };
-        self.optimizer_steps -= 1;
-        self.global_steps -= 1;
+        self.steps.optimizer -= 1;
+        self.steps.global -= 1;
         self.close_step(p.t0)
     }
 
@@ -335,10 +332,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             0,
             &[mine.sum_sq as f32, if mine.non_finite { 1.0 } else { 0.0 }],
         )?;
-        let output = self.dev.zeros(DType::F32, 2 * self.world)?;
+        let output = self.dev.zeros(DType::F32, 2 * self.shard.size)?;
         let work = self.issue(|c| &mut c.control, |comm| comm.all_gather(input, output))?;
         let (_, all) = work.wait()?;
-        let partials = self.dev.download_f32(&all, 0..2 * self.world)?;
+        let partials = self.dev.download_f32(&all, 0..2 * self.shard.size)?;
         let mut sum = 0f64;
         let mut overflow = false;
         for pair in partials.chunks_exact(2) {
@@ -386,13 +383,13 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let range = if self.policy.shards_gradients() {
             0..layout.partition_len()
         } else {
-            layout.partition_range(self.rank)?
+            layout.partition_range(self.shard.rank)?
         };
         Ok((self.buckets[b].reduced_grads(b)?, range))
     }
 
     fn update_parameters(&mut self, grad_scale: f32) -> Result<(), EngineError> {
-        let step = self.optimizer_steps;
+        let step = self.steps.optimizer;
         let mut gathers = Vec::new();
         // The state lives off the device: the same Adam, sub-group by sub-group, then the
         // same gathers.
@@ -402,7 +399,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         for b in self.trainable_range() {
             let layout = self.plan.buckets[b].layout.clone();
-            let part = layout.partition_range(self.rank)?;
+            let part = layout.partition_range(self.shard.rank)?;
             let (grads_range, params_offset) = if self.policy.shards_optimizer() {
                 let (_, r) = self.step_grads(b)?;
                 let offset = if self.params_sharded(b) {
@@ -481,7 +478,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub(super) fn publish_params(&mut self) -> Result<(), EngineError> {
         let mut gathers = Vec::new();
         for b in self.trainable_range() {
-            let part = self.plan.buckets[b].layout.partition_range(self.rank)?;
+            let part = self.plan.buckets[b]
+                .layout
+                .partition_range(self.shard.rank)?;
             self.gather_whole(b, part, &mut gathers)?;
         }
         self.finish_gathers(gathers)
@@ -511,8 +510,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.clear_gradients()?;
         self.arrivals.reset();
         self.discard_window();
-        self.micro_done = 0;
-        self.last_pass_boundary = false;
         self.pass.reset();
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();

@@ -90,11 +90,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         tiers[at(layout.shard_tier())] += flat;
         let mut formula = flat_formula.replace("(N-1)/N", "(S-1)/S");
         if let Some((h, size)) = self.comm.secondary() {
-            let s = self.world;
+            let s = self.shard.size;
             let (mut moved, mut added) = (0u64, 0u64);
             for b in (0..self.plan.buckets.len()).filter(|&b| self.params_sharded(b)) {
                 let n = self.plan.buckets[b].layout.total_len();
-                moved += (n - even_split(n, s, self.rank).len()) as u64;
+                moved += (n - even_split(n, s, self.shard.rank).len()) as u64;
                 added += (n - even_split(n, size, h).len()) as u64;
             }
             tiers[at(layout.shard_tier())] -= k * moved;

@@ -58,7 +58,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<String, EngineError> {
         let run = |e: &mut Self| -> Result<String, EngineError> {
             let mut buf = e.dev.zeros(DType::F32, TEXT_MAX + 1)?;
-            if e.rank == 0 {
+            if e.shard.rank == 0 {
                 e.dev.upload_f32(&mut buf, 0, &encode(text))?;
             }
             let work = e.issue(|c| &mut c.control, |comm| comm.broadcast(buf, 0))?;
@@ -78,10 +78,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let len = TEXT_MAX + 1;
             let mut input = e.dev.zeros(DType::F32, len)?;
             e.dev.upload_f32(&mut input, 0, &encode(text))?;
-            let output = e.dev.zeros(DType::F32, len * e.world)?;
+            let output = e.dev.zeros(DType::F32, len * e.shard.size)?;
             let work = e.issue(|c| &mut c.control, |comm| comm.all_gather(input, output))?;
             let (_, all) = work.wait()?;
-            let all = e.dev.download_f32(&all, 0..len * e.world)?;
+            let all = e.dev.download_f32(&all, 0..len * e.shard.size)?;
             Ok(all.chunks_exact(len).map(decode).collect())
         };
         run(self).map_err(collective(during))

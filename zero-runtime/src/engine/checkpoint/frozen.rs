@@ -33,7 +33,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         // A failure on rank 0 must not keep it from the other ranks' gathers: the first
         // one is kept and returned at the end.
         let mut failure: Option<EngineError> = None;
-        if self.rank == 0 && write {
+        if self.shard.rank == 0 && write {
             match self.open_frozen_file(path, &whole, &buckets) {
                 Ok(w) => writer = Some(w),
                 Err(e) => failure = Some(e),
@@ -94,7 +94,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 shape: self.param_spec(id).shape.clone(),
             })
             .collect();
-        let meta = file_meta("frozen", self.rank, self.world);
+        let meta = file_meta("frozen", self.shard.rank, self.shard.size);
         let mut w = FileWriter::create(path, DEFAULT_BUFFER)?;
         w.write(&safetensors_header(&tensors, meta)?)?;
         Ok(w)

@@ -212,7 +212,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         options: LoadOptions,
     ) -> Result<serde_json::Value, EngineError> {
         self.require_boundary("load_checkpoint")?;
-        let resolved = if self.rank == 0 {
+        let resolved = if self.shard.rank == 0 {
             resolve_tag(dir, tag)
         } else {
             Ok(String::new())
@@ -502,13 +502,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.params_from_master()?;
         let r = staged.resume;
         if !options.load_module_only {
-            self.optimizer_steps = if options.load_optimizer_states {
-                r.steps.optimizer
-            } else {
-                0
+            self.steps = crate::checkpoint::format::Steps {
+                optimizer: if options.load_optimizer_states {
+                    r.steps.optimizer
+                } else {
+                    0
+                },
+                ..r.steps
             };
-            self.skipped_steps = r.steps.skipped;
-            self.global_steps = r.steps.global;
             if let Some(scaler) = &r.scaler {
                 self.scaler.restore(scaler);
             }
@@ -530,7 +531,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut gathers = Vec::new();
         for b in self.trainable_range() {
             let layout = self.plan.buckets[b].layout.clone();
-            let part = layout.partition_range(self.rank)?;
+            let part = layout.partition_range(self.shard.rank)?;
             let n = self.held_len(b);
             let offset = self.held_param_offset(b)?;
             // An offloaded partition is written through a device copy.

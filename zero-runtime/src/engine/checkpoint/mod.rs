@@ -59,7 +59,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut out = Vec::new();
         for b in self.trainable_range() {
             let start = self.opt_start(b)?;
-            for p in self.partition_pieces(b, self.rank)? {
+            for p in self.partition_pieces(b, self.shard.rank)? {
                 let r = p.flat_range.start - start..p.flat_range.end - start;
                 let mut arrays: [Vec<f32>; 3] = Default::default();
                 for (kind, vals) in arrays.iter_mut().enumerate() {
@@ -103,7 +103,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The LR the next optimizer step uses (parameter group 0's; every group's:
     /// [`group_lrs`](Self::group_lrs)).
     pub fn lr(&self) -> f64 {
-        self.schedule.lr_for(self.base_lrs[0])
+        self.schedule.lr_for(self.groups.base_lrs[0])
     }
 
     /// `module.param`: the name a checkpoint stores parameter `id` under.
@@ -135,7 +135,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(if self.policy.shards_optimizer() {
             self.plan.buckets[b]
                 .layout
-                .partition_range(self.rank)?
+                .partition_range(self.shard.rank)?
                 .start
         } else {
             0
@@ -162,7 +162,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// (stages 1–3), or every bucket whole (stage 0).
     fn held_pieces(&self, b: usize) -> Result<Vec<Piece>, EngineError> {
         if self.policy.shards_optimizer() {
-            return self.partition_pieces(b, self.rank);
+            return self.partition_pieces(b, self.shard.rank);
         }
         let plan = &self.plan.buckets[b];
         Ok((0..plan.params.len())
@@ -198,10 +198,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Saving and loading happen between optimizer steps.
     fn require_boundary(&self, what: &str) -> Result<(), EngineError> {
-        if self.micro_done != 0 || self.pass.ready_count() != 0 || !self.inflight.is_empty() {
+        if self.window.ended() != 0 || self.pass.ready_count() != 0 || !self.inflight.is_empty() {
             return Err(EngineError::Order(format!(
                 "{what} in the middle of a step ({} micro-steps and {} modules done): call it after step() or zero_grad()",
-                self.micro_done, self.pass.ready_count()
+                self.window.ended(),
+                self.pass.ready_count()
             )));
         }
         Ok(())

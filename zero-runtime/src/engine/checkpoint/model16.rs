@@ -95,7 +95,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         let frozen = self.frozen_buffer_params();
         order.extend(frozen.iter().map(|&(id, _)| id));
-        let mut writer = if shared || self.rank == 0 {
+        let mut writer = if shared || self.shard.rank == 0 {
             let mut specs: Vec<TensorSpec> = Vec::with_capacity(order.len());
             for &id in &order {
                 for name in self.names_of(id, aliases) {
@@ -107,7 +107,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
             }
             let (rank, world) = if shared {
-                (self.rank, self.world)
+                (self.shard.rank, self.shard.size)
             } else {
                 (0, 1)
             };

@@ -17,7 +17,7 @@ use super::agree::{clip, TEXT_MAX};
 use super::Piece;
 use crate::checkpoint::format::{
     dtype_name, moment_key, safetensors_header, FileEntry, FileKind, Fragment, IndexedFile,
-    Manifest, ParamEntry, RankIndex, Steps, TensorSpec, FORMAT, FORMAT_VERSION, LATEST, MANIFEST,
+    Manifest, ParamEntry, RankIndex, TensorSpec, FORMAT, FORMAT_VERSION, LATEST, MANIFEST,
 };
 use crate::checkpoint::CheckpointError;
 use crate::config::TagValidation;
@@ -157,7 +157,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<String, EngineError> {
         let mine = tag
             .map(str::to_string)
-            .unwrap_or_else(|| format!("global_step{}", self.global_steps));
+            .unwrap_or_else(|| format!("global_step{}", self.steps.global));
         // Rank 0's tag, and a fresh name for this save's files, to every rank.
         let told =
             self.broadcast_text(&format!("{}\n{mine}", new_save_id()), "agreeing on the tag")?;
@@ -198,7 +198,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 })?;
             files.extend(list);
         }
-        let commit = if self.rank == 0 {
+        let commit = if self.shard.rank == 0 {
             self.commit(dir, &tag, files, client_state, options)
         } else {
             Ok(())
@@ -226,13 +226,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// After a commit under a tag that existed: this rank's files of earlier saves, which
     /// the new manifest no longer lists.
     fn remove_stale_files(&self, folder: &Path, save_id: &str) {
-        let mine = format!("rank{:05}-", self.rank);
+        let mine = format!("rank{:05}-", self.shard.rank);
         let Ok(entries) = std::fs::read_dir(folder) else {
             return;
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let ours = name.starts_with(&mine) || (self.rank == 0 && name.starts_with("frozen-"));
+            let ours =
+                name.starts_with(&mine) || (self.shard.rank == 0 && name.starts_with("frozen-"));
             if ours && !name.contains(save_id) && !name.ends_with(".tmp") {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -263,7 +264,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         match mode {
             TagValidation::Fail => Err(CheckpointError::Tag(msg).into()),
             _ => {
-                if self.rank == 0 {
+                if self.shard.rank == 0 {
                     eprintln!("warning: {msg}; saving under `{tag}`");
                 }
                 Ok(())
@@ -299,7 +300,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         save_id: &str,
         options: SaveOptions,
     ) -> Result<Vec<FileEntry>, EngineError> {
-        let rank = self.rank;
+        let rank = self.shard.rank;
         let name = |kind: FileKind| folder.join(kind.file_name(rank, save_id));
         let made = std::fs::create_dir_all(folder)
             .map_err(|e| CheckpointError::Io(format!("creating {}: {e}", folder.display())));
@@ -313,12 +314,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut pieces: Vec<(usize, Piece)> = Vec::new();
         for b in self.trainable_range() {
             pieces.extend(
-                self.partition_pieces(b, self.rank)?
+                self.partition_pieces(b, self.shard.rank)?
                     .into_iter()
                     .map(|p| (b, p)),
             );
         }
-        let world = self.world;
+        let world = self.shard.size;
         let meta = |kind: &str| file_meta(kind, rank, world);
         let spec = |name: String, len: usize| TensorSpec {
             name,
@@ -364,12 +365,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
         // The index: every file with its chunk checksums.
         let index = RankIndex {
-            rank: self.rank,
+            rank: self.shard.rank,
             chunk_bytes: CHUNK,
             files: written
                 .iter()
                 .map(|(w, kind)| IndexedFile {
-                    entry: entry(w, self.rank, *kind),
+                    entry: entry(w, self.shard.rank, *kind),
                     chunk_crc32c: w.chunk_crc32c.clone(),
                 })
                 .collect(),
@@ -378,9 +379,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let idx = write_file(&name(FileKind::Index), &text)?;
         let mut entries: Vec<FileEntry> = written
             .iter()
-            .map(|(w, kind)| entry(w, self.rank, *kind))
+            .map(|(w, kind)| entry(w, self.shard.rank, *kind))
             .collect();
-        entries.push(entry(&idx, self.rank, FileKind::Index));
+        entries.push(entry(&idx, self.shard.rank, FileKind::Index));
         Ok(entries)
     }
 
@@ -427,15 +428,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             format_version: FORMAT_VERSION,
             tag: tag.into(),
             stage: self.policy.stage,
-            world_size: self.world,
+            world_size: self.shard.size,
             precision: self.cfg.precision.name().into(),
             dtype: dtype_name(self.dtype).into(),
             master_dtype: "F32".into(),
-            steps: Steps {
-                optimizer: self.optimizer_steps,
-                skipped: self.skipped_steps,
-                global: self.global_steps,
-            },
+            steps: self.steps,
             loss_scaler: self.scaler.state(),
             lr_last_batch_iteration: self.schedule.last_batch_iteration(),
             config: self.cfg.source.clone(),

@@ -25,10 +25,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 "set_params (GatheredParameters with modifier_rank) is not supported with offload_optimizer".into(),
             ));
         }
-        if root >= self.dp_world {
+        if root >= self.dp.size {
             return Err(EngineError::Order(format!(
                 "modifier rank {root} is not a rank of a group of {}",
-                self.dp_world
+                self.dp.size
             )));
         }
         // Where each parameter's values sit in the one broadcast buffer.
@@ -53,7 +53,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         // Rank root's values to every rank, in one broadcast.
         let mut flat = self.dev.zeros(DType::F32, total)?;
-        if self.dp_rank == root {
+        if self.dp.rank == root {
             let mut at = 0;
             for (_, v) in &values {
                 self.dev.upload_f32(&mut flat, at, v)?;
@@ -62,7 +62,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         // Inside each shard group from root's position, then across the replicas from
         // root's group (with `mics_shard_size`; else the second is nothing).
-        let (s, at) = (self.world, root % self.world);
+        let (s, at) = (self.shard.size, root % self.shard.size);
         let work = self.issue(|c| &mut c.control, |comm| comm.broadcast(flat, at))?;
         let flat = work.wait()?;
         let work = self.issue(

@@ -109,7 +109,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             self.plan.buckets[b]
                 .layout
-                .partition_range(self.rank)?
+                .partition_range(self.shard.rank)?
                 .start
         })
     }

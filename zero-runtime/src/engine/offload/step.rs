@@ -304,7 +304,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 let sub = r.start + local.start..r.start + local.end;
                 cpu_adam(
                     &run.cfg,
-                    self.optimizer_steps,
+                    self.steps.optimizer,
                     scale,
                     &mut master[sub.clone()],
                     &mut m[sub.clone()],

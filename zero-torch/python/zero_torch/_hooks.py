@@ -52,6 +52,7 @@ import torch
 
 from . import _access
 from ._model import Param, Registry, Unit
+from ._saved_views import SavedViews
 from .errors import OrderError, UnsupportedError, ZeroError
 
 if TYPE_CHECKING:
@@ -96,19 +97,6 @@ def backward_owner() -> Any:
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 """The engine's dtype names as torch dtypes."""
-
-
-class _SavedView:
-    """A saved tensor that viewed a gathered parameter: the parameter and the view's
-    geometry (offset in elements from the parameter's first)."""
-
-    __slots__ = ("param", "shape", "stride", "offset")
-
-    def __init__(self, param: Param, shape: Tuple[int, ...], stride: Tuple[int, ...], offset: int) -> None:
-        self.param = param
-        self.shape = shape
-        self.stride = stride
-        self.offset = offset
 
 
 def _used_on_current_stream(t: torch.Tensor) -> None:
@@ -182,12 +170,9 @@ class Runtime:
         self.pre_backward: Dict[int, Callable[[torch.Tensor], None]] = {}
         """Per module (by ``id``): the hook its outputs get."""
         self.empty: Dict[torch.dtype, torch.Tensor] = {}
-        self.live: Dict[int, List[Tuple[Param, int, int]]] = {}
-        """Stage 3: per storage (by data pointer) of gathered parameters, the parameters
-        in it and their byte ranges (what ``_pack`` recognizes)."""
-        self.saving: Any = None
-        """The saved-tensor hooks in force during a stage-3 forward (see ``_pack``)."""
         """Per dtype: the one empty tensor every released parameter holds."""
+        self.saved = SavedViews()
+        """Stage 3: the saved tensors that view gathered parameters (``_saved_views.py``)."""
         self.param_count = sum(1 for _ in model.parameters())
         self.modules_seen = {id(mod) for mod in model.modules()}
         """The model's modules at initialize(): a parameter or submodule registered on one of
@@ -435,25 +420,13 @@ class Runtime:
                     "zero_torch.zero.GatheredParameters(params, modifier_rank=0)"
                 )
         self._bind(u, sharded)
-        for p in sharded:
-            # The parameter itself, not `.data` (a new tensor object per read): stage 3
-            # fills and drops every unit twice a step (issue 31).
-            t = p.param
-            start = t.data_ptr()
-            self.live.setdefault(t.untyped_storage().data_ptr(), []).append(
-                (p, start, start + t.numel() * t.element_size()))
+        self.saved.gathered(sharded)
         self.filled[u.index] = True
 
     def _drop(self, u: Unit) -> None:
         """Stage 3: the unit's sharded parameters give their storage back."""
+        self.saved.released(u.sharded)
         for p in u.sharded:
-            if p.param.numel() != 0:
-                key = p.param.untyped_storage().data_ptr()
-                entries = [e for e in self.live.get(key, []) if e[0] is not p]
-                if entries:
-                    self.live[key] = entries
-                else:
-                    self.live.pop(key, None)
             dtype = p.param.dtype
             empty = self.empty.get(dtype)
             if empty is None:
@@ -506,45 +479,8 @@ class Runtime:
 
     # ---- forward ------------------------------------------------------------------
 
-    # ---- saved tensors ------------------------------------------------------------
-
-    def _pack(self, t: torch.Tensor) -> Any:
-        """What autograd keeps of ``t`` during a stage-3 forward: a tensor viewing a
-        gathered parameter (``weight.t()`` saved by ``F.linear``'s backward, say) is kept as
-        the parameter and the view's geometry, so it does not hold the gathered storage
-        until the backward (the way DeepSpeed's memory-efficient linear saves the
-        parameter); everything else is kept as it is."""
-        if not self.live or t.layout != torch.strided:
-            return t
-        entries = self.live.get(t.untyped_storage().data_ptr())
-        if entries is None:
-            return t
-        at = t.data_ptr()
-        for p, start, end in entries:
-            if start <= at < end and t.dtype == p.param.dtype:
-                return _SavedView(p, tuple(t.shape), tuple(t.stride()), (at - start) // t.element_size())
-        return t
-
-    def _unpack(self, saved: Any) -> torch.Tensor:
-        """The tensor ``_pack`` kept, from the parameter's storage now (gathered again
-        before its module's backward)."""
-        if not isinstance(saved, _SavedView):
-            return saved
-        base = saved.param.param.data
-        if base.numel() == 0:
-            raise OrderError(
-                f"parameter {saved.param.name} is needed by the backward but is not gathered "
-                "(used outside the forward of a module that holds it?)"
-            )
-        return base.as_strided(saved.shape, saved.stride, base.storage_offset() + saved.offset)
-
-    def _stop_saving(self) -> None:
-        if self.saving is not None:
-            saving, self.saving = self.saving, None
-            saving.__exit__(None, None, None)
-
     def _root_pre(self, module: torch.nn.Module, args: Any) -> None:
-        self._stop_saving()  # a forward that raised left them in force
+        self.saved.stop()  # a forward that raised left them in force
         if self.error is not None:
             raise self.error
         self.sync_user_changes()
@@ -558,8 +494,7 @@ class Runtime:
             self.refs.clear()
         self.backward_ran = False
         if self.stage3 and self.native is not None and torch.is_grad_enabled():
-            self.saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self.saving.__enter__()
+            self.saved.start()
 
     def _check_no_new_parameters(self) -> None:
         """A parameter or submodule was registered on the model since initialize(): a
@@ -580,7 +515,7 @@ class Runtime:
             self.structure_moved = True
 
     def _root_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._stop_saving()
+        self.saved.stop()
         if self.native is None:
             self.ensure_built()
         elif self.recording_uses:

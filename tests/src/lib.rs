@@ -508,6 +508,25 @@ pub fn with_offload(
     v.to_string()
 }
 
+/// Adam's `eps` for a run compared, within a tolerance, with one that sums its gradients
+/// in another order (shard groups against the flat engine, a reference in f64, a
+/// micro-step in two passes). Adam's update is about `±lr · g / (|g| + eps)`: with the
+/// default eps (1e-8) an element whose gradient cancels to within rounding of zero steps
+/// up to `lr` either way on one rounding, so the runs then differ by up to `2 lr` (seen,
+/// 2026-12-04, with CI's clock seeds: 1 of 150 seeds put shard groups 8.2e-5 from the flat
+/// engine against 1e-6; 9 of 400 failed the reopened micro-step's and the parameter
+/// groups' bounds). With eps 1e-3 a rounding `δ` moves an update by at most
+/// `lr · δ / eps`, so the tolerances bound the reductions' rounding, and a lost or doubled
+/// gradient is still far outside them.
+pub const ROUNDING_SAFE_EPS: f64 = 1e-3;
+
+/// `config` with Adam's `eps` [`ROUNDING_SAFE_EPS`].
+pub fn with_rounding_safe_eps(config: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(config).expect("config is JSON");
+    v["optimizer"]["params"]["eps"] = ROUNDING_SAFE_EPS.into();
+    v.to_string()
+}
+
 /// The name libtest gives the test function `name` of the module whose `module_path!()` is
 /// `module_path`: that path without the crate's name (`checkpoint_crash::crash_child` in the
 /// `host` executable), which a test that runs one of its own tests in a child process

@@ -37,23 +37,10 @@ fn grouped_modules() -> Vec<ModuleSpec> {
         .collect()
 }
 
-/// Adam's `eps` where a run is compared with another that sums its gradients in
-/// another order (a reference in f64, a micro-step in two passes), within a tolerance.
-/// Adam's update is about `±lr · g / (|g| + eps)`: with the default eps (1e-8) an element
-/// whose gradient cancels to within rounding of zero takes a step of up to `lr` either
-/// way on one rounding, so the runs then differ by `2 lr` (seen: about 2% of seeds failed
-/// one of these tests, by 0.0200–0.0215 against 0.02 at lr 0.01, by 0.061 against 0.05
-/// for the biases' lr 0.03, and by 8.6e-5 against 1e-5 in fp32). With eps 1e-3 an element
-/// that small moves by at most `lr · δ / eps` for a rounding `δ`, so the tolerances bound
-/// the reductions' rounding, and a lost or doubled gradient is still far outside them.
-const ADAM_EPS: f64 = 1e-3;
-
-/// [`mlp_config`] with Adam's `eps` [`ADAM_EPS`].
+/// [`mlp_config`] with Adam's eps [`zero_tests::ROUNDING_SAFE_EPS`], for the runs compared
+/// within a tolerance.
 fn smooth_config(stage: u8, precision: &str, accum: usize, clip: f32, overlap: bool) -> String {
-    let mut v: serde_json::Value =
-        serde_json::from_str(&mlp_config(stage, precision, accum, clip, overlap)).unwrap();
-    v["optimizer"]["params"]["eps"] = serde_json::json!(ADAM_EPS);
-    v.to_string()
+    zero_tests::with_rounding_safe_eps(&mlp_config(stage, precision, accum, clip, overlap))
 }
 
 /// The biases' group: another LR, betas, and no weight decay.
@@ -63,7 +50,7 @@ fn bias_group() -> AdamConfig {
         beta1: 0.8,
         beta2: 0.99,
         weight_decay: 0.0,
-        eps: ADAM_EPS as f32,
+        eps: zero_tests::ROUNDING_SAFE_EPS as f32,
         ..AdamConfig::adamw(0.01)
     }
 }

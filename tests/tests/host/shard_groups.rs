@@ -29,20 +29,12 @@ const PER_NODE: usize = 2;
 /// Steps each run trains (the 20).
 const STEPS: usize = 20;
 
-/// Adam's `eps` in every run here. Shard groups sum a gradient in another order than the
-/// flat engine, and Adam's first step maps each element to about `±lr · g / (|g| + eps)`:
-/// an element that cancels to the order of the default `eps` (1e-8) moves by up to `lr`
-/// on one rounding (seen: 5.7e-5 apart after one step, for 1 seed in about 150). With
-/// `eps` 1e-3 a rounding `δ` of a sum moves an update by at most `lr · δ / eps`, so the
-/// runs' distance measures the reductions, which is what the 1e-6 bounds check; a run
-/// that lost or doubled a gradient is still orders of magnitude off.
-const ADAM_EPS: f64 = 1e-3;
-
 /// `base` (a DeepSpeed config) with `mics_shard_size`, `zero_hpz_partition_size` and
-/// Adam's `eps` [`ADAM_EPS`].
+/// Adam's eps [`zero_tests::ROUNDING_SAFE_EPS`] (every run here is compared with the flat
+/// engine, which sums in another order).
 fn tiered(base: &str, shard: Option<usize>, hpz: usize) -> ZeroConfig {
-    let mut v: serde_json::Value = serde_json::from_str(base).expect("json");
-    v["optimizer"]["params"]["eps"] = json!(ADAM_EPS);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&zero_tests::with_rounding_safe_eps(base)).expect("json");
     let z = v["zero_optimization"].as_object_mut().expect("section");
     if let Some(s) = shard {
         z.insert("mics_shard_size".into(), json!(s));

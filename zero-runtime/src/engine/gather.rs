@@ -33,6 +33,10 @@ impl Live {
         self.now += n;
         self.peak = self.peak.max(self.now);
     }
+
+    fn remove(&mut self, n: usize) {
+        self.now -= n;
+    }
 }
 
 /// The recorded order of `fetch` calls in one pass (forward and backward).
@@ -239,7 +243,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     fn free_gathered(&mut self, b: usize) {
         if self.buckets[b].gather.release() {
-            self.live.now -= self.plan.buckets[b].layout.total_len();
+            self.live.remove(self.plan.buckets[b].layout.total_len());
         }
     }
 

@@ -109,6 +109,23 @@ impl Window {
         self.passes_since_step += 1;
     }
 
+    /// The script declares the boundary (`set_gradient_accumulation_boundary`).
+    fn declare(&mut self, boundary: bool) {
+        self.declared = Some(boundary);
+    }
+
+    /// The front-end's `step()`: counts a micro-step and says whether it is the boundary;
+    /// `None` when no backward ran since the last `step()` (nothing counted).
+    fn step_call(&mut self) -> Option<bool> {
+        if self.passes_since_step == 0 {
+            return None;
+        }
+        let boundary = self.is_boundary();
+        self.passes_since_step = 0;
+        self.micro_steps += 1;
+        Some(boundary)
+    }
+
     /// DeepSpeed's `is_gradient_accumulation_boundary`.
     fn is_boundary(&self) -> bool {
         self.declared
@@ -140,7 +157,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// apply the optimizer, instead of counting micro-steps; it holds until declared
     /// again, and reaches the reductions at the next [`backward_call`](Self::backward_call).
     pub fn declare_boundary(&mut self, boundary: bool) {
-        self.window.declared = Some(boundary);
+        self.window.declare(boundary);
     }
 
     /// DeepSpeed's `is_gradient_accumulation_boundary`: the declared boundary, else whether
@@ -173,16 +190,12 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// The front-end's `step()`: counts a micro-step and says whether the optimizer steps
     /// now (the accumulation boundary). An error when no backward ran since the last.
     pub fn step_call(&mut self) -> Result<bool, EngineError> {
-        if self.window.passes_since_step == 0 {
-            return Err(EngineError::Order(
+        self.window.step_call().ok_or_else(|| {
+            EngineError::Order(
                 "step() was called before backward(): there are no gradients for this micro-step"
                     .into(),
-            ));
-        }
-        let boundary = self.window.is_boundary();
-        self.window.passes_since_step = 0;
-        self.window.micro_steps += 1;
-        Ok(boundary)
+            )
+        })
     }
 
     /// Declares whether the next micro-steps end the accumulation window (`Some`), as
@@ -258,6 +271,15 @@ mod tests {
         assert!(w.is_boundary());
         w.declared = Some(false);
         assert!(!w.is_boundary());
+        assert_eq!(
+            w.step_call(),
+            None,
+            "a step() with no backward counts nothing"
+        );
+        w.end_backward();
+        assert_eq!(w.step_call(), Some(false));
+        assert_eq!((w.micro_steps, w.passes_since_step), (4, 0));
+        w.micro_steps = 3;
         w.passes_since_step = 1;
         w.end_micro_step();
         w.discard();

@@ -62,6 +62,11 @@ pub enum EngineError {
     /// A checkpoint could not be saved or loaded.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A buffer went with a collective whose wait failed (that [`Comm`](Self::Comm) error
+    /// was returned then): the engine cannot go on, as a DeepSpeed or FSDP run cannot
+    /// after a failed collective.
+    #[error("{0} went with a collective that failed (its error was returned then): this engine cannot go on; start again from the last checkpoint")]
+    Lost(String),
     /// A broken invariant inside the engine (a bug, reported rather than panicked on).
     #[error("internal error: {0}")]
     Internal(String),

@@ -24,7 +24,7 @@ create_exception!(
     zero_torch,
     CommError,
     ZeroError,
-    "A collective failed on every rank: a rank died, left, timed out or issued another collective."
+    "A collective failed on every rank: a rank died, left, timed out or issued another collective (and, after it, any use of what that collective held)."
 );
 create_exception!(
     zero_torch,
@@ -50,7 +50,7 @@ pub fn to_py(e: EngineError) -> PyErr {
     let text = e.to_string();
     match e {
         EngineError::Config(_) => ConfigError::new_err(text),
-        EngineError::Comm(_) => CommError::new_err(text),
+        EngineError::Comm(_) | EngineError::Lost(_) => CommError::new_err(text),
         EngineError::Order(_) | EngineError::NotFetched(_) => OrderError::new_err(text),
         EngineError::Checkpoint(_) => CheckpointError::new_err(text),
         EngineError::Device(_) => DeviceError::new_err(text),

@@ -102,3 +102,73 @@ fn an_unusable_model_is_refused() {
         "{err}"
     );
 }
+
+/// A rank that leaves mid-step: the collectives the other rank is waiting on fail with
+/// `Comm`, and what those collectives held is then `Lost`, naming it: never an internal
+/// error, a panic or a hang, at every stage, with reductions overlapping the backward.
+#[test]
+fn what_a_failed_collective_held_is_lost_and_named() {
+    for stage in 0..=3u8 {
+        let config = zero_tests::mlp_config(stage, "fp32", 1, 0.0, true);
+        let comms = HostGroup::with_timeout(2, std::time::Duration::from_secs(2)).expect("group");
+        let errors = zero_tests::run_ranks_on(
+            comms,
+            || HostDevice,
+            &config,
+            7,
+            |e| {
+                if e.rank() == 1 {
+                    return Vec::new(); // this rank leaves: its engine and group are dropped
+                }
+                let data = zero_tests::dataset(7, 8);
+                let batch = &data[..zero_tests::MICRO_BATCH];
+                let mut errors = Vec::new();
+                // As a trainer that catches the error and tries again would.
+                for _ in 0..4 {
+                    if let Err(err) = zero_tests::micro_step(e, batch, 1.0, |_| {}) {
+                        errors.push(err);
+                    }
+                    for _ in 0..2 {
+                        match e.step() {
+                            Ok(outcome) => {
+                                panic!("stage {stage}: a step without the other rank: {outcome:?}")
+                            }
+                            Err(err) => errors.push(err),
+                        }
+                    }
+                    if let Err(err) = e.zero_grad() {
+                        errors.push(err);
+                    }
+                }
+                errors
+            },
+        );
+        let errors = &errors[0];
+        let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        println!("stage {stage}: {text:#?}");
+        assert!(
+            matches!(errors.first(), Some(EngineError::Comm(_))),
+            "stage {stage}: the first error is the collective's: {text:?}"
+        );
+        for (err, msg) in errors.iter().zip(&text) {
+            match err {
+                EngineError::Comm(_) | EngineError::Order(_) => {}
+                EngineError::Lost(what) => assert!(
+                    what.starts_with("bucket ")
+                        && msg.contains("went with a collective that failed"),
+                    "stage {stage}: {msg}"
+                ),
+                _ => panic!("stage {stage}: {msg}"),
+            }
+        }
+        // Stage 3's gathers fail before a reduction holds anything.
+        if stage < 3 {
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| matches!(e, EngineError::Lost(what) if what.contains("gradients"))),
+                "stage {stage}: the gradients a failed reduction held are named: {text:?}"
+            );
+        }
+    }
+}

@@ -127,7 +127,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 })?;
         let range = self.plan.buckets[bucket].layout.tensor_range(index);
         self.buckets[bucket].released = 0; // written from here on
-        let buf = self.buckets[bucket].grads.written(bucket)?;
+        let buf = self.written(bucket)?;
         Ok((buf, range))
     }
 
@@ -222,7 +222,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     ) -> Result<(), EngineError> {
         let start = self.plan.buckets[bucket].layout.tensor_range(index).start;
         self.buckets[bucket].released = 0;
-        let buf = self.buckets[bucket].grads.written(bucket)?;
-        self.dev.add_f32(buf, start, g)
+        self.written(bucket)?;
+        let Self {
+            dev, pool, buckets, ..
+        } = self;
+        let buf = match pool.lent_mut(bucket) {
+            Some(staging) => staging,
+            None => buckets[bucket].grads.whole_mut(bucket)?,
+        };
+        dev.add_f32(buf, start, g)
     }
 }

@@ -1,13 +1,22 @@
 //! A bucket's gradient buffers: one enum whose variant the stage policy chooses once, so a
 //! gradient shard at stages 0–1, a whole-bucket buffer kept at stages 2–3, or a
 //! "fresh" flag without a shard cannot be written (FSDP2's parameter group keeps its
-//! unsharded and sharded gradients the same way, per group).
+//! unsharded and sharded gradients the same way, per group). A buffer a reduction takes is
+//! a [`Loan`]: held, or lent to the collective until the engine finishes it.
 //!
-//! | variant | stages | holds | a buffer is `None` while |
+//! | variant | stages | holds | lent while |
 //! |---|---|---|---|
 //! | `Frozen` | any (frozen buckets) | nothing: never reduced | — |
-//! | `Whole` | 0–1 | the whole bucket's gradients, kept across micro-steps; an fp32 accumulator when 16-bit gradients are summed in fp32 | its all-reduce (stage 0) or reduce-scatter (stage 1) has it |
-//! | `Sharded` | 2–3 | a pooled staging buffer the backward writes; the reduced owned partition and its accumulator; whether the partition holds nothing of the window yet | staging: before the bucket's first gradient of a pass, and while its reduce-scatter has it; shard: while a reduce-scatter writes it, and always when the partition lives in host memory (`offload_optimizer`) |
+//! | `Whole` | 0–1 | the whole bucket's gradients, kept across micro-steps; an fp32 accumulator when 16-bit gradients are summed in fp32 | the gradients: the window's all-reduce (stage 0) or reduce-scatter (stage 1) |
+//! | `Sharded` | 2–3 | the reduced owned partition and its fp32 accumulator; whether the partition holds nothing of the window yet | the partition: a reduce-scatter that writes it; the partition or accumulator: the replicas' all-reduce at the step (shard groups) |
+//! | `OnHost` | 2–3 with `offload_optimizer` | whether the partition (in host memory, `offload::HostGrads`) holds nothing of the window yet | — |
+//!
+//! Stages 2–3's whole-bucket buffer the backward writes is not the bucket's: the staging
+//! pool (`pool.rs`) lends one from the bucket's first gradient of a pass until its
+//! reduce-scatter is done.
+
+use super::loan::{Loan, What};
+use crate::EngineError;
 
 /// Which of a bucket's gradient buffers [`Grads::reduced`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,215 +35,255 @@ pub(super) enum Grads<B> {
     Frozen,
     /// Stages 0–1.
     Whole {
-        /// The whole bucket's gradients.
-        grads: Option<B>,
-        /// The fp32 sum of a window's 16-bit gradients.
+        /// The whole bucket's gradients: the backward writes them, the window's reduction
+        /// takes them.
+        grads: Loan<B>,
+        /// The fp32 sum of a window's 16-bit gradients (never lent).
         accum: Option<B>,
     },
-    /// Stages 2–3.
+    /// Stages 2–3, the partition on the device.
     Sharded {
-        /// The pooled buffer the backward writes until the bucket's reduce-scatter.
-        staging: Option<B>,
         /// The reduced owned partition (the window's sum when summed in the gradients'
         /// dtype).
-        shard: Option<B>,
+        shard: Loan<B>,
         /// The fp32 sum of the window's reduced partitions.
-        accum: Option<B>,
+        accum: Option<Loan<B>>,
         /// Whether `shard` holds nothing of the current window yet: the next reduction
         /// writes it, later ones are added.
         fresh: bool,
     },
+    /// Stages 2–3 with the partition in host memory (`offload_optimizer`).
+    OnHost {
+        /// Whether the host partition holds nothing of the current window yet.
+        fresh: bool,
+    },
+}
+
+/// Bucket `b` has no gradients of the kind asked for (a frozen bucket, or a stage that
+/// keeps another kind): a caller's bug.
+fn none_kept(b: usize, what: &str) -> EngineError {
+    EngineError::Internal(format!("bucket {b} keeps no {what}"))
 }
 
 impl<B> Grads<B> {
-    /// The buffer the backward writes: the whole gradients, or the staging buffer.
-    pub(super) fn written_mut(&mut self) -> Option<&mut B> {
-        match self {
-            Self::Whole { grads, .. } => grads.as_mut(),
-            Self::Sharded { staging, .. } => staging.as_mut(),
-            Self::Frozen => None,
+    /// Stages 0–1's gradients of bucket `b`, and their fp32 accumulator when there is
+    /// one.
+    pub(super) fn whole(b: usize, grads: B, accum: Option<B>) -> Self {
+        Self::Whole {
+            grads: Loan::held_by(grads, What::Grads(b)),
+            accum,
         }
     }
 
-    /// The buffer the backward writes into bucket `b`'s gradients; an error naming the
-    /// bucket where it has none (a frozen bucket, or one whose reduction holds it).
-    pub(super) fn written(&mut self, b: usize) -> Result<&mut B, crate::EngineError> {
-        self.written_mut().ok_or_else(|| {
-            crate::EngineError::Internal(format!("bucket {b} has no gradient buffer"))
-        })
-    }
-
-    /// Whether the backward has a buffer to write.
-    pub(super) fn has_written(&self) -> bool {
-        match self {
-            Self::Whole { grads, .. } => grads.is_some(),
-            Self::Sharded { staging, .. } => staging.is_some(),
-            Self::Frozen => false,
+    /// Stages 2–3's partition of bucket `b`, and its fp32 accumulator when there is one.
+    pub(super) fn sharded(b: usize, shard: B, accum: Option<B>) -> Self {
+        Self::Sharded {
+            shard: Loan::held_by(shard, What::Grads(b)),
+            accum: accum.map(|a| Loan::held_by(a, What::Grads(b))),
+            fresh: true,
         }
     }
 
-    /// The written buffer, handed to a reduction.
-    pub(super) fn take_written(&mut self) -> Option<B> {
+    /// Whether a collective has one of its buffers.
+    pub(super) fn any_lent(&self) -> bool {
         match self {
-            Self::Whole { grads, .. } => grads.take(),
-            Self::Sharded { staging, .. } => staging.take(),
-            Self::Frozen => None,
+            Self::Whole { grads, .. } => grads.is_lent(),
+            Self::Sharded { shard, accum, .. } => {
+                shard.is_lent() || accum.as_ref().is_some_and(Loan::is_lent)
+            }
+            Self::Frozen | Self::OnHost { .. } => false,
         }
     }
 
-    /// The written buffer, handed to bucket `b`'s reduction; an error where a reduction
-    /// holds it already.
-    pub(super) fn take_for_reduction(&mut self, b: usize) -> Result<B, crate::EngineError> {
-        self.take_written().ok_or_else(|| {
-            crate::EngineError::Internal(format!("bucket {b}'s gradients are in flight already"))
-        })
-    }
-
-    /// Gives the written buffer back (a reduction's input, or a staging buffer from the
-    /// pool).
-    pub(super) fn put_written(&mut self, buf: B) {
+    /// Stages 0–1's gradients, which the backward writes.
+    pub(super) fn whole_mut(&mut self, b: usize) -> Result<&mut B, EngineError> {
         match self {
-            Self::Whole { grads, .. } => *grads = Some(buf),
-            Self::Sharded { staging, .. } => *staging = Some(buf),
-            Self::Frozen => {}
+            Self::Whole { grads, .. } => grads.get_mut(),
+            _ => Err(none_kept(b, "whole-bucket gradients")),
         }
     }
 
-    /// What the optimizer reads of this micro-step's reductions: stages 0–1's whole
-    /// gradients, stages 2–3's fp32 accumulator where there is one, else the partition.
-    pub(super) fn reduced(&self) -> Option<&B> {
+    /// Stages 0–1's gradients and their fp32 accumulator (`None`: the window sums in
+    /// place).
+    pub(super) fn whole_and_accum(
+        &mut self,
+        b: usize,
+    ) -> Result<(&mut B, Option<&mut B>), EngineError> {
         match self {
-            Self::Whole { grads, .. } => grads.as_ref(),
+            Self::Whole { grads, accum } => Ok((grads.get_mut()?, accum.as_mut())),
+            _ => Err(none_kept(b, "whole-bucket gradients")),
+        }
+    }
+
+    /// Stages 0–1's gradients, lent to the window's reduction.
+    pub(super) fn lend_whole(&mut self, b: usize) -> Result<B, EngineError> {
+        match self {
+            Self::Whole { grads, .. } => grads.lend(),
+            _ => Err(none_kept(b, "whole-bucket gradients")),
+        }
+    }
+
+    /// The window's reduction gave stages 0–1's gradients back.
+    pub(super) fn put_back_whole(&mut self, buf: B) {
+        if let Self::Whole { grads, .. } = self {
+            grads.put_back(buf);
+        }
+    }
+
+    /// What the optimizer reads of this micro-step's reductions of bucket `b`: stages
+    /// 0–1's whole gradients, stages 2–3's fp32 accumulator where there is one, else the
+    /// partition.
+    pub(super) fn reduced(&self, b: usize) -> Result<&B, EngineError> {
+        match self {
+            Self::Whole { grads, .. } => grads.get(),
             Self::Sharded {
                 accum: Some(accum), ..
-            } => Some(accum),
-            Self::Sharded { shard, .. } => shard.as_ref(),
-            Self::Frozen => None,
+            } => accum.get(),
+            Self::Sharded { shard, .. } => shard.get(),
+            Self::Frozen | Self::OnHost { .. } => Err(none_kept(b, "gradients on the device")),
         }
     }
 
-    /// Takes out the buffer [`reduced`](Self::reduced) reads, for a collective that hands
-    /// it back, and where it was, for [`put_reduced`](Self::put_reduced).
-    pub(super) fn take_reduced(&mut self) -> Option<(B, ReducedIn)> {
+    /// Lends the buffer [`reduced`](Self::reduced) reads to a collective that hands it
+    /// back, with where it was, for [`put_reduced`](Self::put_reduced).
+    pub(super) fn lend_reduced(&mut self, b: usize) -> Result<(B, ReducedIn), EngineError> {
         match self {
-            Self::Whole { grads, .. } => grads.take().map(|g| (g, ReducedIn::Whole)),
+            Self::Whole { grads, .. } => Ok((grads.lend()?, ReducedIn::Whole)),
             Self::Sharded {
-                accum: accum @ Some(_),
-                ..
-            } => accum.take().map(|a| (a, ReducedIn::Accum)),
-            Self::Sharded { shard, .. } => shard.take().map(|s| (s, ReducedIn::Shard)),
-            Self::Frozen => None,
+                accum: Some(accum), ..
+            } => Ok((accum.lend()?, ReducedIn::Accum)),
+            Self::Sharded { shard, .. } => Ok((shard.lend()?, ReducedIn::Shard)),
+            Self::Frozen | Self::OnHost { .. } => Err(none_kept(b, "gradients on the device")),
         }
     }
 
-    /// Puts back what [`take_reduced`](Self::take_reduced) took.
+    /// Puts back what [`lend_reduced`](Self::lend_reduced) lent.
     pub(super) fn put_reduced(&mut self, buf: B, at: ReducedIn) {
         match (self, at) {
-            (Self::Whole { grads, .. }, ReducedIn::Whole) => *grads = Some(buf),
-            (Self::Sharded { accum, .. }, ReducedIn::Accum) => *accum = Some(buf),
-            (Self::Sharded { shard, .. }, ReducedIn::Shard) => *shard = Some(buf),
+            (Self::Whole { grads, .. }, ReducedIn::Whole) => {
+                grads.put_back(buf);
+            }
+            (
+                Self::Sharded {
+                    accum: Some(accum), ..
+                },
+                ReducedIn::Accum,
+            ) => {
+                accum.put_back(buf);
+            }
+            (Self::Sharded { shard, .. }, ReducedIn::Shard) => {
+                shard.put_back(buf);
+            }
             _ => {}
         }
     }
 
-    /// The fp32 accumulator, where there is one.
+    /// The fp32 accumulator where there is one and it is held (the memory report).
     pub(super) fn accum(&self) -> Option<&B> {
         match self {
-            Self::Whole { accum, .. } | Self::Sharded { accum, .. } => accum.as_ref(),
-            Self::Frozen => None,
+            Self::Whole { accum, .. } => accum.as_ref(),
+            Self::Sharded { accum, .. } => accum.as_ref().and_then(Loan::held),
+            Self::Frozen | Self::OnHost { .. } => None,
         }
     }
 
-    /// The fp32 accumulator, mutably.
-    pub(super) fn accum_mut(&mut self) -> Option<&mut B> {
+    /// Stages 2–3's partition, lent to the reduce-scatter that writes it; the window's
+    /// next reduction is not its first.
+    pub(super) fn lend_shard(&mut self, b: usize) -> Result<B, EngineError> {
         match self {
-            Self::Whole { accum, .. } | Self::Sharded { accum, .. } => accum.as_mut(),
-            Self::Frozen => None,
+            Self::Sharded { shard, fresh, .. } => {
+                *fresh = false;
+                shard.lend()
+            }
+            _ => Err(none_kept(b, "gradient partition on the device")),
         }
     }
 
-    /// Stages 0–1's whole gradients and their accumulator, together.
-    pub(super) fn whole_and_accum_mut(&mut self) -> Option<(&mut B, &mut B)> {
+    /// The reduce-scatter that wrote the partition is done: its output is the partition,
+    /// added into the fp32 accumulator where there is one (`add` does the sum).
+    pub(super) fn put_back_shard(
+        &mut self,
+        output: B,
+        add: impl FnOnce(&mut B, &B) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        if let Self::Sharded { shard, accum, .. } = self {
+            let output = shard.put_back(output);
+            if let Some(accum) = accum {
+                add(accum.get_mut()?, output)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages 2–3's partition, to add a later reduction of the window into.
+    pub(super) fn shard_mut(&mut self, b: usize) -> Result<&mut B, EngineError> {
         match self {
-            Self::Whole {
-                grads: Some(g),
-                accum: Some(a),
-            } => Some((g, a)),
+            Self::Sharded { shard, .. } => shard.get_mut(),
+            _ => Err(none_kept(b, "gradient partition on the device")),
+        }
+    }
+
+    /// Stages 2–3's partition where it is on the device and held (to clear it).
+    pub(super) fn held_shard_mut(&mut self) -> Option<&mut B> {
+        match self {
+            Self::Sharded { shard, .. } => shard.get_mut().ok(),
             _ => None,
-        }
-    }
-
-    /// Stages 2–3's reduced partition on the device (`None` otherwise).
-    pub(super) fn shard(&self) -> Option<&B> {
-        match self {
-            Self::Sharded { shard, .. } => shard.as_ref(),
-            _ => None,
-        }
-    }
-
-    /// The reduced partition, mutably.
-    pub(super) fn shard_mut(&mut self) -> Option<&mut B> {
-        match self {
-            Self::Sharded { shard, .. } => shard.as_mut(),
-            _ => None,
-        }
-    }
-
-    /// The reduced partition, handed to a reduce-scatter as its output.
-    pub(super) fn take_shard(&mut self) -> Option<B> {
-        match self {
-            Self::Sharded { shard, .. } => shard.take(),
-            _ => None,
-        }
-    }
-
-    /// A reduce-scatter's output back as the reduced partition.
-    pub(super) fn put_shard(&mut self, buf: B) {
-        if let Self::Sharded { shard, .. } = self {
-            *shard = Some(buf);
         }
     }
 
     /// Whether the partition holds nothing of the window yet (always at stages 0–1).
     pub(super) fn fresh(&self) -> bool {
         match self {
-            Self::Sharded { fresh, .. } => *fresh,
-            _ => true,
+            Self::Sharded { fresh, .. } | Self::OnHost { fresh } => *fresh,
+            Self::Frozen | Self::Whole { .. } => true,
         }
     }
 
     /// The next reduction of the window is not its first (or is, after a step).
     pub(super) fn set_fresh(&mut self, value: bool) {
-        if let Self::Sharded { fresh, .. } = self {
+        if let Self::Sharded { fresh, .. } | Self::OnHost { fresh } = self {
             *fresh = value;
         }
     }
 
     /// The gradients this bucket keeps at rest, as the memory report counts them: the
-    /// whole gradients at stages 0–1, the partition at 2–3.
+    /// whole gradients at stages 0–1, the partition at 2–3 (on the device).
     pub(super) fn kept(&self) -> Option<&B> {
         match self {
-            Self::Whole { grads, .. } => grads.as_ref(),
-            Self::Sharded { shard, .. } => shard.as_ref(),
-            Self::Frozen => None,
+            Self::Whole { grads, .. } => grads.held(),
+            Self::Sharded { shard, .. } => shard.held(),
+            Self::Frozen | Self::OnHost { .. } => None,
+        }
+    }
+
+    /// Stages 0–1's gradients where they are held (to clear them).
+    pub(super) fn held_whole_mut(&mut self) -> Option<&mut B> {
+        match self {
+            Self::Whole { grads, .. } => grads.get_mut().ok(),
+            _ => None,
+        }
+    }
+
+    /// The fp32 accumulator where there is one and it is held (to clear it).
+    pub(super) fn held_accum_mut(&mut self) -> Option<&mut B> {
+        match self {
+            Self::Whole { accum, .. } => accum.as_mut(),
+            Self::Sharded { accum, .. } => accum.as_mut().and_then(|a| a.get_mut().ok()),
+            Self::Frozen | Self::OnHost { .. } => None,
         }
     }
 
     /// Every buffer it holds now (to zero them).
     pub(super) fn buffers_mut(&mut self) -> Vec<&mut B> {
         match self {
-            Self::Whole { grads, accum } => grads.iter_mut().chain(accum.iter_mut()).collect(),
-            Self::Sharded {
-                staging,
-                shard,
-                accum,
-                ..
-            } => staging
-                .iter_mut()
-                .chain(shard.iter_mut())
-                .chain(accum.iter_mut())
+            Self::Whole { grads, accum } => grads.get_mut().ok().into_iter().chain(accum).collect(),
+            Self::Sharded { shard, accum, .. } => shard
+                .get_mut()
+                .ok()
+                .into_iter()
+                .chain(accum.as_mut().and_then(|a| a.get_mut().ok()))
                 .collect(),
-            Self::Frozen => Vec::new(),
+            Self::Frozen | Self::OnHost { .. } => Vec::new(),
         }
     }
 }

@@ -59,10 +59,27 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         }
         self.timings.backward_started();
         for b in self.plan.module_buckets[m].clone() {
-            if !self.buckets[b].grads.has_written() {
-                self.acquire_staging(b)?;
-            }
+            self.written(b)?;
         }
+        Ok(())
+    }
+
+    /// The buffer the backward writes bucket `b`'s gradients into: stages 0–1's whole
+    /// gradients (a reduction of them still in flight is finished first), stages 2–3's
+    /// staging buffer (lent by the pool at the bucket's first gradient of a pass).
+    pub(super) fn written(&mut self, b: usize) -> Result<&mut C::Buffer, EngineError> {
+        if self.policy.shards_gradients() {
+            return self.staging(b);
+        }
+        self.settle(b)?;
+        self.buckets[b].grads.whole_mut(b)
+    }
+
+    /// Finishes reductions, oldest first (the order every rank issued them in), until
+    /// bucket `b` holds its gradient buffers again. One still lent afterwards went with a
+    /// collective that failed: reading it is [`EngineError::Lost`].
+    pub(super) fn settle(&mut self, b: usize) -> Result<(), EngineError> {
+        while self.buckets[b].grads.any_lent() && self.finish_oldest()? {}
         Ok(())
     }
 
@@ -171,54 +188,56 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         Ok(())
     }
 
-    fn acquire_staging(&mut self, b: usize) -> Result<(), EngineError> {
-        if !self.policy.shards_gradients() {
-            return Err(EngineError::Internal(format!(
-                "bucket {b}'s gradients are still being reduced"
-            )));
-        }
+    /// Stages 2–3: the staging buffer bucket `b` holds, lent from the pool if it holds
+    /// none yet.
+    fn staging(&mut self, b: usize) -> Result<&mut C::Buffer, EngineError> {
+        let (buf, cap) = match self.pool.take_lent(b) {
+            Some(held) => held,
+            None => self.idle_staging(b)?,
+        };
+        Ok(self.pool.hold(b, buf, cap))
+    }
+
+    /// A zeroed staging buffer that fits bucket `b`, with its capacity: the smallest idle
+    /// one, else one a reduction in flight gives back, else a new one.
+    fn idle_staging(&mut self, b: usize) -> Result<(C::Buffer, usize), EngineError> {
         let total = self.plan.buckets[b].layout.total_len();
         loop {
-            // The smallest idle buffer that fits.
-            if let Some(mut buf) = self.pool.lend(b, total) {
+            if let Some((mut buf, cap)) = self.pool.take_idle(total) {
                 self.dev.resize(&mut buf, total)?;
                 self.dev.zero(&mut buf, 0..total)?;
-                self.buckets[b].grads.put_written(buf);
-                return Ok(());
+                return Ok((buf, cap));
             }
-            if self.inflight.is_empty() {
+            if !self.finish_oldest()? {
                 let buf = self.dev.zeros(self.dtype, total)?;
                 self.pool.add(buf, total);
-            } else {
-                self.finish_oldest()?;
             }
         }
     }
 
     fn bucket_ready(&mut self, b: usize) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        let k = self.cfg.gradient_accumulation_steps;
         let boundary = self.window.pass_ends_window();
         let part = self.plan.buckets[b].layout.partition_len();
         let reduction = if !self.policy.shards_gradients() {
             let total = self.plan.buckets[b].layout.total_len();
-            if k > 1 && !self.grads_accumulate_in_place() {
-                let Some((grads, accum)) = self.buckets[b].grads.whole_and_accum_mut() else {
-                    return Err(EngineError::Internal(format!(
-                        "bucket {b} lacks its gradient buffers"
-                    )));
-                };
-                self.dev.accumulate(accum, 0, grads, 0..total)?;
-                self.dev.zero(grads, 0..total)?;
-                if !boundary {
-                    return Ok(());
+            let (grads, accum) = self.buckets[b].grads.whole_and_accum(b)?;
+            match accum {
+                // 16-bit gradients summed in fp32: each micro-step's go into the accumulator,
+                // whose sum the reduction takes at the window's end.
+                Some(accum) => {
+                    self.dev.accumulate(accum, 0, grads, 0..total)?;
+                    self.dev.zero(grads, 0..total)?;
+                    if !boundary {
+                        return Ok(());
+                    }
+                    self.dev.copy(accum, 0..total, grads, 0)?;
                 }
-                self.dev.copy(accum, 0..total, grads, 0)?;
-            } else if !boundary {
-                // (fp32 in place: the gradients stay where the next micro-step adds to them.)
-                return Ok(());
+                // (Summed in place: the next micro-step adds to the gradients.)
+                None if !boundary => return Ok(()),
+                None => {}
             }
-            let grads = self.buckets[b].grads.take_for_reduction(b)?;
+            let grads = self.buckets[b].grads.lend_whole(b)?;
             if self.policy.stage == 0 {
                 let work = self.issue(
                     |c| &mut c.grad_reduce,
@@ -239,7 +258,11 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 }
             }
         } else {
-            let grads = self.buckets[b].grads.take_for_reduction(b)?;
+            // (Lent by `begin_backward`.)
+            let (grads, cap) = match self.pool.take_lent(b) {
+                Some(held) => held,
+                None => self.idle_staging(b)?,
+            };
             let later = !self.buckets[b].grads.fresh();
             let (dest, out) = if self.host_grads().is_some() {
                 // Every reduction of a window is added into an fp32 accumulator; summed in
@@ -249,23 +272,14 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 // Each reduction in flight holds a scratch output on the device until it
                 // crosses: at most HOST_INFLIGHT at once, or the outputs of a whole
                 // backward would add up to the partition the host now holds.
-                while self.inflight.len() >= HOST_INFLIGHT {
-                    self.finish_oldest()?;
-                }
+                while self.inflight.len() >= HOST_INFLIGHT && self.finish_oldest()? {}
                 (Dest::Host { add }, self.take_scratch(part)?)
             } else if self.sums_in_shard() && later {
                 (Dest::AddToShard, self.take_scratch(part)?)
             } else {
-                while self.buckets[b].grads.shard().is_none() && !self.inflight.is_empty() {
-                    self.finish_oldest()?;
-                }
-                self.buckets[b].grads.set_fresh(false);
+                self.settle(b)?;
                 self.buckets[b].released = 0;
-                let shard = self.buckets[b]
-                    .grads
-                    .take_shard()
-                    .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
-                (Dest::Shard, shard)
+                (Dest::Shard, self.buckets[b].grads.lend_shard(b)?)
             };
             // Inside the shard group only, unless the partition crosses to the host: the
             // replicas all-reduce the window's sum once, at the step (`sync_replicas`).
@@ -284,7 +298,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 bucket: b,
                 work,
                 dest,
-                cap: self.pool.cap_of(b),
+                cap,
             }
         };
         self.inflight.push_back(reduction);
@@ -306,14 +320,15 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.dev.zeros(self.dtype, len)
     }
 
-    /// Waits for the oldest reduction and puts its buffers where they belong.
-    pub(super) fn finish_oldest(&mut self) -> Result<(), EngineError> {
+    /// Waits for the oldest reduction and puts its buffers where they belong; `false` when
+    /// none was in flight.
+    pub(super) fn finish_oldest(&mut self) -> Result<bool, EngineError> {
         let Some(r) = self.inflight.pop_front() else {
-            return Ok(());
+            return Ok(false);
         };
         match r {
             Reduction::AllReduce { bucket, work } => {
-                self.buckets[bucket].grads.put_written(work.wait()?);
+                self.buckets[bucket].grads.put_back_whole(work.wait()?);
             }
             Reduction::ReduceScatter {
                 bucket,
@@ -323,44 +338,50 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } => {
                 let (mut input, output) = work.wait()?;
                 let part = self.plan.buckets[bucket].layout.partition_len();
-                if let Dest::Host { add } = dest {
-                    let host = self
-                        .offload
-                        .as_mut()
-                        .and_then(|o| o.host_grads.as_mut())
-                        .ok_or_else(|| {
-                            EngineError::Internal("no host gradient partitions".into())
-                        })?;
-                    host.receive(&self.dev, bucket, &output, add)?;
-                    self.pool.give_back_scratch(output);
-                    self.pool.give_back(input, cap);
-                } else if dest == Dest::AddToShard {
-                    // (An earlier reduction into this shard was queued first, so it is back.)
-                    let shard = self.buckets[bucket]
-                        .grads
-                        .shard_mut()
-                        .ok_or_else(|| EngineError::Internal("gradient shard missing".into()))?;
-                    self.dev.accumulate(shard, 0, &output, 0..part)?;
-                    self.pool.give_back_scratch(output);
-                    self.pool.give_back(input, cap);
-                } else if self.policy.shards_gradients() {
-                    if let Some(accum) = self.buckets[bucket].grads.accum_mut() {
-                        self.dev.accumulate(accum, 0, &output, 0..part)?;
+                match dest {
+                    Dest::Host { add } => {
+                        let host = self
+                            .offload
+                            .as_mut()
+                            .and_then(|o| o.host_grads.as_mut())
+                            .ok_or_else(|| {
+                                EngineError::Internal("no host gradient partitions".into())
+                            })?;
+                        host.receive(&self.dev, bucket, &output, add)?;
+                        self.pool.give_back_scratch(output);
+                        self.pool.give_back(input, cap);
                     }
-                    self.buckets[bucket].grads.put_shard(output);
-                    self.pool.give_back(input, cap);
-                } else {
-                    // Stage 1: the reduced partition goes back into the whole-bucket buffer.
-                    let start = self.plan.buckets[bucket]
-                        .layout
-                        .partition_range(self.shard.rank)?
-                        .start;
-                    self.dev.copy(&output, 0..part, &mut input, start)?;
-                    self.buckets[bucket].grads.put_written(input);
+                    Dest::AddToShard => {
+                        // (An earlier reduction into this shard was issued first, so it is
+                        // back.)
+                        let shard = self.buckets[bucket].grads.shard_mut(bucket)?;
+                        self.dev.accumulate(shard, 0, &output, 0..part)?;
+                        self.pool.give_back_scratch(output);
+                        self.pool.give_back(input, cap);
+                    }
+                    Dest::Shard if self.policy.shards_gradients() => {
+                        let dev = &self.dev;
+                        self.buckets[bucket]
+                            .grads
+                            .put_back_shard(output, |accum, shard| {
+                                dev.accumulate(accum, 0, shard, 0..part)
+                            })?;
+                        self.pool.give_back(input, cap);
+                    }
+                    Dest::Shard => {
+                        // Stage 1: the reduced partition goes back into the whole-bucket
+                        // buffer.
+                        let start = self.plan.buckets[bucket]
+                            .layout
+                            .partition_range(self.shard.rank)?
+                            .start;
+                        self.dev.copy(&output, 0..part, &mut input, start)?;
+                        self.buckets[bucket].grads.put_back_whole(input);
+                    }
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Waits for every collective this engine has in flight: reductions left running by
@@ -375,9 +396,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     /// Waits for every reduction in flight.
     pub(super) fn finish_all(&mut self) -> Result<(), EngineError> {
         let t0 = Instant::now();
-        while !self.inflight.is_empty() {
-            self.finish_oldest()?;
-        }
+        while self.finish_oldest()? {}
         self.timings.add_reduce(t0.elapsed());
         Ok(())
     }

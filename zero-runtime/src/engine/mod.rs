@@ -30,9 +30,9 @@ mod grad_state;
 mod grads;
 mod groups;
 mod held;
+mod loan;
 mod master;
 mod offload;
-mod param_state;
 mod pass;
 mod pool;
 mod report;
@@ -87,8 +87,8 @@ impl StagePolicy {
 /// Per-bucket buffers of one rank.
 struct BucketState<B, W2> {
     /// Parameters: the whole bucket, or (stage 3, non-persistent) the owned partition;
-    /// lent only to the step's all-gathers (`param_state.rs`).
-    params: param_state::Params<B>,
+    /// lent only to the step's all-gathers (`loan.rs`).
+    params: loan::Loan<B>,
     /// Its gradient buffers, their variant chosen by the stage (`grad_state.rs`).
     grads: grad_state::Grads<B>,
     /// Bytes of this bucket's gradients (the partition in stages 2–3, the whole gradients
@@ -111,11 +111,11 @@ struct BucketState<B, W2> {
 }
 
 impl<B, W2> BucketState<B, W2> {
-    /// A frozen bucket's state: its parameters (the owned partition at stage 3), and
+    /// Frozen bucket `b`'s state: its parameters (the owned partition at stage 3), and
     /// zero-length optimizer arrays.
-    fn frozen<D: Device<Buffer = B>>(params: B, dev: &D) -> Result<Self, EngineError> {
+    fn frozen<D: Device<Buffer = B>>(b: usize, params: B, dev: &D) -> Result<Self, EngineError> {
         Ok(Self {
-            params: param_state::Params::Held(params),
+            params: loan::Loan::held_by(params, loan::What::Params(b)),
             grads: grad_state::Grads::Frozen,
             released: 0,
             carry: None,
@@ -128,12 +128,6 @@ impl<B, W2> BucketState<B, W2> {
             gather: gather_state::Gather::Idle,
             secondary: None,
         })
-    }
-
-    /// What the optimizer reads of this micro-step's reductions of bucket `b`
-    /// ([`Grads::reduced`](grad_state::Grads::reduced)).
-    fn reduced_grads(&self, b: usize) -> Result<&B, EngineError> {
-        self.grads.reduced().ok_or_else(|| step::missing_grads(b))
     }
 }
 
@@ -299,7 +293,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         // With the optimizer offloaded, stages 2–3's reduced partitions live beside it.
         let grads_on_host = offloaded && policy.shards_gradients();
         let mut buckets = Vec::with_capacity(plan.buckets.len());
-        for b in &plan.buckets {
+        for (i, b) in plan.buckets.iter().enumerate() {
             let (total, part) = (b.layout.total_len(), b.layout.partition_len());
             let owned = if offloaded {
                 0 // the state lives in the offload tier
@@ -316,29 +310,29 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             };
             if b.frozen {
                 // Parameters only: no gradient, no optimizer state.
-                buckets.push(BucketState::frozen(dev.zeros(dtype, params_len)?, &dev)?);
+                buckets.push(BucketState::frozen(i, dev.zeros(dtype, params_len)?, &dev)?);
                 continue;
             }
             buckets.push(BucketState {
-                params: param_state::Params::Held(dev.zeros(dtype, params_len)?),
-                grads: if policy.shards_gradients() {
-                    grad_state::Grads::Sharded {
-                        staging: None,
-                        shard: (!grads_on_host)
-                            .then(|| dev.zeros(dtype, part))
-                            .transpose()?,
-                        accum: (accumulate && !own_dtype && !grads_on_host)
+                params: loan::Loan::held_by(dev.zeros(dtype, params_len)?, loan::What::Params(i)),
+                grads: if grads_on_host {
+                    grad_state::Grads::OnHost { fresh: true }
+                } else if policy.shards_gradients() {
+                    grad_state::Grads::sharded(
+                        i,
+                        dev.zeros(dtype, part)?,
+                        (accumulate && !own_dtype)
                             .then(|| dev.zeros(accum_dtype, part))
                             .transpose()?,
-                        fresh: true,
-                    }
+                    )
                 } else {
-                    grad_state::Grads::Whole {
-                        grads: Some(dev.zeros(dtype, total)?),
-                        accum: (accumulate && !own_dtype && !grads_on_host)
+                    grad_state::Grads::whole(
+                        i,
+                        dev.zeros(dtype, total)?,
+                        (accumulate && !own_dtype)
                             .then(|| dev.zeros(accum_dtype, total))
                             .transpose()?,
-                    }
+                    )
                 },
                 released: 0,
                 carry: None,

@@ -1,5 +1,6 @@
 //! The staging buffers of stages 2–3's whole-bucket gradients, lent to a bucket from its
-//! first gradient of a pass until its reduce-scatter is done, and the scratch outputs of
+//! first gradient of a pass until its reduce-scatter is done (the pool keeps which bucket
+//! holds which), and the scratch outputs of
 //! reductions added into a gradient shard: what the engine keeps of both, and what the
 //! memory report counts.
 
@@ -13,8 +14,8 @@ pub(super) struct StagingPool<B> {
     buffers: usize,
     /// The most staging buffers in use at once in this micro-step: what the pool keeps.
     peak: usize,
-    /// Capacity of the staging buffer each bucket holds now.
-    cap_of: Vec<usize>,
+    /// The staging buffer each bucket holds now, with its capacity.
+    lent: Vec<Option<(B, usize)>>,
     /// Idle outputs of reductions added into a gradient shard (stages 2–3 summing a window
     /// in the gradients' dtype).
     scratch: Vec<B>,
@@ -30,21 +31,21 @@ impl<B> StagingPool<B> {
             allocated: 0,
             buffers: 0,
             peak: 0,
-            cap_of: vec![0; buckets],
+            lent: (0..buckets).map(|_| None).collect(),
             scratch: Vec::new(),
             scratch_allocated: 0,
         }
     }
 
-    /// The smallest idle buffer of at least `len` elements, lent to bucket `b`.
-    pub(super) fn lend(&mut self, b: usize, len: usize) -> Option<B> {
+    /// The smallest idle buffer of at least `len` elements, with its capacity, taken to
+    /// be lent (then [`hold`](Self::hold)).
+    pub(super) fn take_idle(&mut self, len: usize) -> Option<(B, usize)> {
         let i = (0..self.idle.len())
             .filter(|&i| self.idle[i].1 >= len)
             .min_by_key(|&i| self.idle[i].1)?;
-        let (buf, cap) = self.idle.swap_remove(i);
-        self.cap_of[b] = cap;
+        let taken = self.idle.swap_remove(i);
         self.peak = self.peak.max(self.in_use());
-        Some(buf)
+        Some(taken)
     }
 
     /// A new idle buffer of `len` elements.
@@ -54,9 +55,25 @@ impl<B> StagingPool<B> {
         self.buffers += 1;
     }
 
-    /// The capacity of the buffer bucket `b` holds now.
-    pub(super) fn cap_of(&self, b: usize) -> usize {
-        self.cap_of[b]
+    /// Bucket `b` holds `buf` (of capacity `cap`): the buffer its backward writes.
+    pub(super) fn hold(&mut self, b: usize, buf: B, cap: usize) -> &mut B {
+        &mut self.lent[b].insert((buf, cap)).0
+    }
+
+    /// The buffer bucket `b` holds, if it holds one.
+    pub(super) fn lent_mut(&mut self, b: usize) -> Option<&mut B> {
+        self.lent[b].as_mut().map(|(buf, _)| buf)
+    }
+
+    /// The buffer each bucket holds, if it holds one, in bucket order.
+    pub(super) fn lent_each_mut(&mut self) -> impl Iterator<Item = Option<&mut B>> {
+        self.lent.iter_mut().map(|l| l.as_mut().map(|(buf, _)| buf))
+    }
+
+    /// The buffer bucket `b` holds, with its capacity, taken from it (for its
+    /// reduce-scatter, or to be held again).
+    pub(super) fn take_lent(&mut self, b: usize) -> Option<(B, usize)> {
+        self.lent[b].take()
     }
 
     /// A lent buffer back (its capacity as lent).

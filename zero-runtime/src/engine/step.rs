@@ -385,7 +385,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         } else {
             layout.partition_range(self.shard.rank)?
         };
-        Ok((self.buckets[b].reduced_grads(b)?, range))
+        Ok((self.buckets[b].grads.reduced(b)?, range))
     }
 
     fn update_parameters(&mut self, grad_scale: f32) -> Result<(), EngineError> {
@@ -424,7 +424,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             } = &mut self.buckets[b];
             let grads = match carry.as_ref() {
                 Some(carry) => carry,
-                None => grads.reduced().ok_or_else(|| missing_grads(b))?,
+                None => grads.reduced(b)?,
             };
             let params = match tier_copy.as_mut() {
                 Some(copy) => copy,
@@ -513,7 +513,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         self.pass.reset();
         for (b, plan) in self.plan.trainable().iter().enumerate() {
             self.buckets[b].pending = plan.modules.len();
-            if let Some(g) = self.buckets[b].grads.shard_mut() {
+            if let Some(g) = self.buckets[b].grads.held_shard_mut() {
                 self.buckets[b].released = self.dev.zero_discarding(g)?;
             }
         }
@@ -528,26 +528,25 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         if let Some(host) = self.host_grads_mut() {
             host.clear()?;
         }
-        for state in self.buckets.iter_mut() {
+        for (b, state) in self.buckets.iter_mut().enumerate() {
             state.carry = None;
             state.grads.set_fresh(true);
-            if let Some(g) = state.grads.shard_mut() {
+            if let Some(g) = state.grads.held_shard_mut() {
                 state.released = self.dev.discard(g)?;
             }
-            if let Some(g) = state.grads.written_mut() {
-                // Stages 0–1 (at 2–3 the staging buffers are back in the pool by now).
+            if let Some(g) = state.grads.held_whole_mut() {
                 state.released = self.dev.zero_discarding(g)?;
             }
-            if let Some(a) = state.grads.accum_mut() {
+            if let Some(a) = state.grads.held_accum_mut() {
                 let n = self.dev.len(a);
                 self.dev.zero(a, 0..n)?;
+            }
+            // Stages 2–3: a staging buffer a pass left unreduced (`zero_grad` in a
+            // pass) goes back to the pool, which zeroes a buffer when it lends it.
+            if let Some((buf, cap)) = self.pool.take_lent(b) {
+                self.pool.give_back(buf, cap);
             }
         }
         Ok(())
     }
-}
-
-/// Bucket `b` has none of the gradients the optimizer reads (a bug).
-pub(super) fn missing_grads(b: usize) -> EngineError {
-    EngineError::Internal(format!("bucket {b}'s gradients are missing"))
 }

@@ -18,7 +18,7 @@
 
 use super::grad_state::ReducedIn;
 use super::offload::HostGrads;
-use super::{step, CommCounters, Engine};
+use super::{CommCounters, Engine};
 use crate::device::Device;
 use crate::EngineError;
 use zero_comm::{even_split, Communicator, Completion, ReduceOp, Tier, TierStats};
@@ -197,10 +197,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             let (buf, at) = match state.carry.take() {
                 Some(carry) => (carry, WindowSum::Carry),
                 None => {
-                    let (buf, at) = state
-                        .grads
-                        .take_reduced()
-                        .ok_or_else(|| step::missing_grads(b))?;
+                    let (buf, at) = state.grads.lend_reduced(b)?;
                     (buf, WindowSum::Reduced(at))
                 }
             };

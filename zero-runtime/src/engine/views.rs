@@ -29,32 +29,39 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
     pub fn grads_mut<T: HostElement>(&mut self, m: usize) -> Result<Vec<&mut [T]>, EngineError> {
         self.begin_backward(m)?;
         let dtype = self.dtype;
+        // Each trainable parameter's (bucket, index in the bucket), in the answer's order.
         let wanted = self.trainable_locs(m)?;
-        let mut slots: Vec<Option<&mut [T]>> = (0..wanted.len()).map(|_| None).collect();
-        for (b, state) in self.buckets.iter_mut().enumerate() {
+        let mut views: Vec<(usize, &mut [T])> = Vec::with_capacity(wanted.len());
+        let Self {
+            buckets,
+            plan,
+            pool,
+            ..
+        } = self;
+        for ((b, state), staging) in buckets.iter_mut().enumerate().zip(pool.lent_each_mut()) {
             if !wanted.iter().any(|w| w.0 == b) {
                 continue;
             }
             state.released = 0; // written from here on
-            let buf = state.grads.written(b)?;
+                                // (begin_backward made the buffer ready: held, or lent by the pool.)
+            let buf = match staging {
+                Some(staging) => staging,
+                None => state.grads.whole_mut(b)?,
+            };
             let typed = buf.as_mut_slice::<T>().ok_or(EngineError::WrongDType {
                 requested: T::DTYPE,
                 actual: dtype,
             })?;
-            let mut views: Vec<Option<&mut [T]>> =
-                tensor_views_mut(&self.plan.buckets[b].layout, typed)?
-                    .into_iter()
-                    .map(Some)
-                    .collect();
-            for (slot, w) in wanted.iter().enumerate() {
-                if w.0 == b {
-                    slots[slot] = views[w.1].take();
+            for (index, view) in tensor_views_mut(&plan.buckets[b].layout, typed)?
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(slot) = wanted.iter().position(|&w| w == (b, index)) {
+                    views.push((slot, view));
                 }
             }
         }
-        slots
-            .into_iter()
-            .map(|s| s.ok_or_else(|| EngineError::Internal("gradient view missing".into())))
-            .collect()
+        views.sort_unstable_by_key(|(slot, _)| *slot);
+        Ok(views.into_iter().map(|(_, v)| v).collect())
     }
 }

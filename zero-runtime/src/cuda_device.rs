@@ -127,17 +127,18 @@ impl Device for CudaDevice {
     ) -> Result<(), EngineError> {
         let n = range.len();
         if dst.len() < offset + n {
-            return Err(EngineError::Internal(format!(
-                "copy to host: {} elements at {offset} into a buffer of {}",
-                n,
-                dst.len()
-            )));
+            return Err(EngineError::OutOfRange {
+                what: "copy to host".into(),
+                range: offset..offset + n,
+                len: dst.len(),
+            });
         }
-        if src.dtype() == dst.dtype() {
+        let dtype = dst.dtype();
+        if src.dtype() == dtype {
             // Through pinned chunks: full-speed DMA (the offload step's gradients).
             return with_gpu_type!(src.dtype(), T => {
                 let view = self.stream.read::<T>(src, range).map_err(device_error)?;
-                let d = dst.as_mut_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+                let d = dst.as_mut_slice::<T>().ok_or_else(|| host_dtype(src.dtype(), dtype))?;
                 self.stream.download_pinned(&view, &mut d[offset..offset + n]).map_err(device_error)
             });
         }
@@ -158,12 +159,12 @@ impl Device for CudaDevice {
             // Queued through pinned slots, returning before the DMA runs: the offload step
             // computes the next chunk while this one crosses.
             return with_gpu_type!(src.dtype(), T => {
-                let s = src.as_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+                let s = src.as_slice::<T>().ok_or_else(|| host_dtype(src.dtype(), src.dtype()))?;
                 self.stream.upload_pinned(&s[range], dst, offset).map_err(device_error)
             });
         }
         let tmp = with_gpu_type!(src.dtype(), T => {
-            let s = src.as_slice::<T>().ok_or_else(|| EngineError::Internal("host dtype".into()))?;
+            let s = src.as_slice::<T>().ok_or_else(|| host_dtype(src.dtype(), src.dtype()))?;
             self.stream.upload(&s[range]).map_err(device_error)?
         });
         self.stream
@@ -262,4 +263,10 @@ impl Device for CudaDevice {
         }
         Ok(())
     }
+}
+
+/// A host buffer that does not hold the dtype a copy's other side has (the copy is typed
+/// by that side).
+fn host_dtype(requested: DType, actual: DType) -> EngineError {
+    EngineError::WrongDType { requested, actual }
 }

@@ -209,13 +209,18 @@ macro_rules! with_slice {
     };
 }
 
-fn f32_mut<'a>(b: &'a mut HostBuffer, what: &str) -> Result<&'a mut [f32], EngineError> {
+fn f32_mut(b: &mut HostBuffer) -> Result<&mut [f32], EngineError> {
     match b {
         HostBuffer::F32(v) => Ok(v),
-        other => Err(EngineError::Internal(format!(
-            "{what} must be f32, is {}",
-            other.dtype()
-        ))),
+        other => Err(not_f32(other)),
+    }
+}
+
+/// A buffer that must hold `f32`s (an accumulator, Adam's moments) holds another dtype.
+fn not_f32(b: &HostBuffer) -> EngineError {
+    EngineError::WrongDType {
+        requested: DType::F32,
+        actual: b.dtype(),
     }
 }
 
@@ -223,9 +228,11 @@ fn range_check(what: &str, range: &Range<usize>, len: usize) -> Result<(), Engin
     if range.start <= range.end && range.end <= len {
         Ok(())
     } else {
-        Err(EngineError::Internal(format!(
-            "{what}: range {range:?} outside a buffer of {len}"
-        )))
+        Err(EngineError::OutOfRange {
+            what: what.into(),
+            range: range.clone(),
+            len,
+        })
     }
 }
 
@@ -250,7 +257,7 @@ impl Device for HostDevice {
 
     fn resize(&self, b: &mut HostBuffer, len: usize) -> Result<(), EngineError> {
         b.resize(len)
-            .map_err(|e| EngineError::Internal(format!("resizing a buffer: {e}")))
+            .map_err(|e| EngineError::Device(format!("resizing a buffer: {e}")))
     }
 
     fn upload_f32(
@@ -359,12 +366,12 @@ impl Device for HostDevice {
                     *a += Element::to_f32(*x);
                 }
             }),
+            // A 16-bit accumulator takes gradients of its own dtype only.
             (a, s) => {
-                return Err(EngineError::Internal(format!(
-                    "a {} gradient accumulator cannot take {} gradients",
-                    a.dtype(),
-                    s.dtype()
-                )))
+                return Err(EngineError::WrongDType {
+                    requested: a.dtype(),
+                    actual: s.dtype(),
+                })
             }
         }
         Ok(())
@@ -400,27 +407,21 @@ impl Device for HostDevice {
         range_check("adam gradients", &range, grads.len())?;
         range_check("adam parameters", &(offset..offset + n), params.len())?;
         check_runs(runs, n)?;
-        let m = match &mut state.exp_avg {
-            HostBuffer::F32(v) => v,
-            _ => return Err(EngineError::Internal("exp_avg must be f32".into())),
-        };
-        let v = match &mut state.exp_avg_sq {
-            HostBuffer::F32(v) => v,
-            _ => return Err(EngineError::Internal("exp_avg_sq must be f32".into())),
-        };
+        let m = f32_mut(&mut state.exp_avg)?;
+        let v = f32_mut(&mut state.exp_avg_sq)?;
         for run in runs {
             let r = run.range.clone();
             let g = range.start + r.start..range.start + r.end;
             let p = offset + r.start..offset + r.end;
             match state.master.as_mut() {
                 Some(master) => {
-                    let master = f32_mut(master, "master weights")?;
+                    let master = f32_mut(master)?;
                     with_slice!(grads, gs => with_slice!(params, ps => {
                         adam_step(&run.cfg, step, grad_scale, &mut master[r.clone()], &mut m[r.clone()], &mut v[r.clone()], &gs[g], Some(&mut ps[p]))?
                     }));
                 }
                 None => {
-                    let master = f32_mut(params, "parameters holding the master weights")?;
+                    let master = f32_mut(params)?;
                     with_slice!(grads, gs => {
                         adam_step::<_, f32>(&run.cfg, step, grad_scale, &mut master[p], &mut m[r.clone()], &mut v[r.clone()], &gs[g], None)?
                     });

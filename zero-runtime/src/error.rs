@@ -42,6 +42,17 @@ pub enum EngineError {
         /// The dtype the buffers hold.
         actual: DType,
     },
+    /// A range of elements outside the buffer it names (a [`Device`](crate::Device)
+    /// call's arguments).
+    #[error("{what}: elements {}..{} lie outside a buffer of {len}", range.start, range.end)]
+    OutOfRange {
+        /// Which call and argument.
+        what: String,
+        /// The elements asked for.
+        range: std::ops::Range<usize>,
+        /// The buffer's length.
+        len: usize,
+    },
     /// Training without an optimizer (none in the config, none given in code).
     #[error("no optimizer: {0}")]
     NoOptimizer(String),

@@ -53,6 +53,12 @@ impl AlignedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         bytemuck::cast_slice_mut(&mut self.blocks)
     }
+
+    /// The bytes as `f32`s, to fill (a block's size and alignment are multiples of an
+    /// `f32`'s, so the view always exists).
+    pub fn as_mut_f32s(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.blocks)
+    }
 }
 
 #[cfg(test)]
@@ -68,6 +74,11 @@ mod tests {
             let last = b.len() - 1;
             b.as_mut_slice()[last] = 7;
             assert_eq!(b.as_slice()[last], 7);
+            let bytes = b.len();
+            let floats = b.as_mut_f32s();
+            assert_eq!(floats.len(), bytes / 4);
+            floats[0] = 1.5;
+            assert_eq!(&b.as_slice()[..4], &1.5f32.to_ne_bytes());
         }
     }
 }

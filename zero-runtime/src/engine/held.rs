@@ -80,7 +80,10 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         range: Range<usize>,
     ) -> Result<Vec<f32>, EngineError> {
         let tier = self.param_tier.as_mut().ok_or_else(|| {
-            EngineError::Internal("read_swapped_f32 without offload_param".into())
+            EngineError::Order(
+                "read_swapped_f32: no parameter is swapped (zero_optimization.offload_param is not set)"
+                    .into(),
+            )
         })?;
         let mut out = vec![0.0; range.len()];
         tier.read_f32(bucket, range, &mut out)?;

@@ -239,18 +239,15 @@ impl ParamTier {
             return Ok(());
         };
         for b in buckets {
-            if spare.is_empty() {
-                break;
-            }
             let Some((at, bytes)) = blocks.get(b).copied().flatten() else {
                 continue;
             };
             if open.as_ref().is_some_and(|o| o.bucket == b) || ahead.iter().any(|(x, _)| *x == b) {
                 continue;
             }
-            let buf = spare
-                .pop()
-                .ok_or_else(|| EngineError::Internal("no idle buffer".into()))?;
+            let Some(buf) = spare.pop() else {
+                break; // every buffer is reading ahead already
+            };
             ahead.push_back((b, file.read(buf, at, bytes).map_err(io)?));
         }
         Ok(())
@@ -288,10 +285,11 @@ impl ParamTier {
             return Ok(());
         };
         let n = self.parts[b].unwrap_or(0) * self.dtype.size_of();
-        if let Some(i) = ahead.iter().position(|(x, _)| *x == b) {
-            let (_, t) = ahead
-                .remove(i)
-                .ok_or_else(|| EngineError::Internal("read ahead".into()))?;
+        let read_ahead = ahead
+            .iter()
+            .position(|(x, _)| *x == b)
+            .and_then(|i| ahead.remove(i));
+        if let Some((_, t)) = read_ahead {
             let read = file.wait(t).map_err(io)?;
             copy_bytes(&read.as_slice()[..n], host)?;
             spare.push(read);

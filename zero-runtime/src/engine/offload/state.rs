@@ -20,9 +20,8 @@ fn io(e: crate::io::IoError) -> EngineError {
 
 /// A block's three arrays, as `f32`s.
 fn sections(buf: &mut AlignedBuf, len: usize) -> Result<&mut [f32], EngineError> {
-    let all: &mut [f32] = bytemuck::try_cast_slice_mut(buf.as_mut_slice())
-        .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
-    all.get_mut(..3 * len)
+    buf.as_mut_f32s()
+        .get_mut(..3 * len)
         .ok_or_else(|| EngineError::Internal("NVMe buffer smaller than its block".into()))
 }
 
@@ -62,25 +61,25 @@ impl Offload {
                     if lo >= hi {
                         continue;
                     }
-                    if cache.as_ref().map(|(at, _)| *at) != Some(i) {
-                        let buf = match cache.take() {
-                            Some((_, buf)) => buf,
-                            None => buffers.pop().ok_or_else(|| {
-                                EngineError::Internal("no free NVMe buffer".into())
-                            })?,
-                        };
-                        match file.read(buf, g.offset, g.block).and_then(|t| file.wait(t)) {
-                            Ok(buf) => *cache = Some((i, buf)),
-                            Err(e) => {
-                                // The buffer went with the failed transfer.
-                                self.pipeline.refill(buffers);
-                                return Err(io(e));
+                    let buf = match cache {
+                        Some((at, buf)) if *at == i => buf,
+                        _ => {
+                            let buf = match cache.take() {
+                                Some((_, buf)) => buf,
+                                None => buffers.pop().ok_or_else(|| {
+                                    EngineError::Internal("no free NVMe buffer".into())
+                                })?,
+                            };
+                            match file.read(buf, g.offset, g.block).and_then(|t| file.wait(t)) {
+                                Ok(buf) => &mut cache.insert((i, buf)).1,
+                                Err(e) => {
+                                    // The buffer went with the failed transfer.
+                                    self.pipeline.refill(buffers);
+                                    return Err(io(e));
+                                }
                             }
                         }
-                    }
-                    let (_, buf) = cache
-                        .as_mut()
-                        .ok_or_else(|| EngineError::Internal("NVMe cache empty".into()))?;
+                    };
                     let vals = sections(buf, g.len())?;
                     let at = kind * g.len() + (lo - g.range.start);
                     sink(lo - range.start, &vals[at..at + (hi - lo)])?;

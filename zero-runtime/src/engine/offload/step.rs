@@ -200,9 +200,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 let g = &groups[i];
                 let n = g.range.len();
                 {
-                    let all: &mut [f32] = bytemuck::try_cast_slice_mut(buf.as_mut_slice())
-                        .map_err(|e| EngineError::Internal(format!("NVMe buffer: {e}")))?;
-                    let (master, rest) = all[..3 * n].split_at_mut(n);
+                    let (master, rest) = buf.as_mut_f32s()[..3 * n].split_at_mut(n);
                     let (m, v) = rest.split_at_mut(n);
                     self.step_group(&mut pass, g, [master, m, v])?;
                 }

@@ -72,9 +72,23 @@ pub struct Plan {
     pub module_buckets: Vec<Vec<usize>>,
     /// Elements of the frozen parameters kept whole on every rank (the frozen buffer).
     pub frozen_len: usize,
+    /// Each module's first parameter id: parameters are numbered in module order.
+    first_param: Vec<usize>,
 }
 
 impl Plan {
+    /// The id of parameter `k` of module `m` (ids count parameters in module order).
+    pub fn param_id(&self, m: usize, k: usize) -> usize {
+        self.first_param[m] + k
+    }
+
+    /// The module of parameter `id`, and its index in the module: the module whose first
+    /// parameter is the last one at or before `id`.
+    pub fn module_of(&self, id: usize) -> (usize, usize) {
+        let m = self.first_param.partition_point(|&f| f <= id) - 1;
+        (m, id - self.first_param[m])
+    }
+
     /// Builds the plan (see the module docs). `partition_frozen`: frozen parameters over
     /// `persistence_threshold` go to frozen buckets (stage 3).
     pub fn new(
@@ -187,6 +201,7 @@ impl Plan {
             fetch_buckets,
             module_buckets,
             frozen_len,
+            first_param,
         })
     }
 

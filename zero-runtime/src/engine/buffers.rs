@@ -22,7 +22,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             module: module.name.clone(),
             detail: format!("no parameter {k}: the module has {}", module.params.len()),
         })?;
-        match self.plan.locs[self.first_param[m] + k] {
+        match self.plan.locs[self.plan.param_id(m, k)] {
             ParamLoc::Frozen { offset } => Ok((&self.frozen, offset..offset + spec.numel())),
             ParamLoc::Bucket { bucket, index } => {
                 let state = &self.buckets[bucket];
@@ -135,7 +135,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
     pub(super) fn trainable_locs(&self, m: usize) -> Result<Vec<(usize, usize)>, EngineError> {
         let module = self.module(m)?;
         Ok((0..module.params.len())
-            .filter_map(|k| match self.plan.locs[self.first_param[m] + k] {
+            .filter_map(|k| match self.plan.locs[self.plan.param_id(m, k)] {
                 ParamLoc::Bucket { bucket, index } if !self.plan.buckets[bucket].frozen => {
                     Some((bucket, index))
                 }

@@ -159,9 +159,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     if s >= e {
                         continue;
                     }
-                    // The module whose first parameter is the last one at or before `id`.
-                    let module = self.first_param.partition_point(|&f| f <= id) - 1;
-                    let param = id - self.first_param[module];
+                    let (module, param) = self.plan.module_of(id);
                     pieces.push(ExternalPiece {
                         module,
                         param,

@@ -40,7 +40,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
             module: module.name.clone(),
             detail: format!("no parameter {k}: the module has {}", module.params.len()),
         })?;
-        let (bucket, index) = match self.plan.locs[self.first_param[m] + k] {
+        let (bucket, index) = match self.plan.locs[self.plan.param_id(m, k)] {
             ParamLoc::Frozen { offset } => {
                 return Ok(HeldParam::Buffer(
                     &self.frozen,

@@ -199,7 +199,6 @@ pub struct Engine<C: Communicator, D: Device<Buffer = C::Buffer>> {
     dp: Place,
     dtype: DType,
     modules: Vec<ModuleSpec>,
-    first_param: Vec<usize>,
     plan: Plan,
     buckets: Vec<BucketState<C::Buffer, W2<C>>>,
     frozen: C::Buffer,
@@ -348,12 +347,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 secondary: None,
             });
         }
-        let mut first_param = Vec::with_capacity(modules.len());
-        let mut n = 0;
-        for m in &modules {
-            first_param.push(n);
-            n += m.params.len();
-        }
         let n_buckets = buckets.len();
         let trainable_modules = plan.module_buckets.iter().filter(|b| !b.is_empty()).count();
         if let (true, Some(o)) = (offloaded, &cfg.optimizer) {
@@ -476,7 +469,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                     .map(|m| m.params.iter().filter(|p| p.trainable).count()),
             ),
             modules,
-            first_param,
             buckets,
             plan,
             pool: pool::StagingPool::new(n_buckets),
@@ -501,7 +493,7 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
         let mut values = Vec::new();
         for mi in 0..self.modules.len() {
             for k in 0..self.modules[mi].params.len() {
-                let id = self.first_param[mi] + k;
+                let id = self.plan.param_id(mi, k);
                 let spec = &self.modules[mi].params[k];
                 values.clear();
                 values.resize(spec.numel(), 0.0);

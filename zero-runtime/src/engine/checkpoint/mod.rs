@@ -108,9 +108,9 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// `module.param`: the name a checkpoint stores parameter `id` under.
     pub fn param_name(&self, id: usize) -> String {
-        let m = self.first_param.partition_point(|&f| f <= id) - 1;
+        let (m, k) = self.plan.module_of(id);
         let module = &self.modules[m];
-        let p = &module.params[id - self.first_param[m]];
+        let p = &module.params[k];
         if module.name.is_empty() {
             p.name.clone()
         } else {
@@ -120,8 +120,8 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
 
     /// Parameter `id`'s spec.
     pub(in crate::engine) fn param_spec(&self, id: usize) -> &crate::model::ParamSpec {
-        let m = self.first_param.partition_point(|&f| f <= id) - 1;
-        &self.modules[m].params[id - self.first_param[m]]
+        let (m, k) = self.plan.module_of(id);
+        &self.modules[m].params[k]
     }
 
     /// The number of parameters.

@@ -153,6 +153,6 @@ impl<C: Communicator, D: Device<Buffer = C::Buffer>> Engine<C, D> {
                 detail: format!("no parameter {k}: the module has {}", module.params.len()),
             });
         }
-        Ok(self.first_param[m] + k)
+        Ok(self.plan.param_id(m, k))
     }
 }

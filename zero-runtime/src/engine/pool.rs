@@ -65,9 +65,14 @@ impl<B> StagingPool<B> {
         self.lent[b].as_mut().map(|(buf, _)| buf)
     }
 
-    /// The buffer each bucket holds, if it holds one, in bucket order.
-    pub(super) fn lent_each_mut(&mut self) -> impl Iterator<Item = Option<&mut B>> {
-        self.lent.iter_mut().map(|l| l.as_mut().map(|(buf, _)| buf))
+    /// The buffer each of `buckets` holds, if it holds one, in bucket order.
+    pub(super) fn lent_mut_in(
+        &mut self,
+        buckets: std::ops::RangeInclusive<usize>,
+    ) -> impl Iterator<Item = Option<&mut B>> {
+        self.lent[buckets]
+            .iter_mut()
+            .map(|l| l.as_mut().map(|(buf, _)| buf))
     }
 
     /// The buffer bucket `b` holds, with its capacity, taken from it (for its

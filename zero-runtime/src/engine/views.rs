@@ -38,7 +38,16 @@ impl<C: Communicator<Buffer = HostBuffer>> Engine<C, HostDevice> {
             pool,
             ..
         } = self;
-        for ((b, state), staging) in buckets.iter_mut().enumerate().zip(pool.lent_each_mut()) {
+        // Only the buckets between the module's first and last (a gradient's write calls
+        // this: every bucket of a large model would cost each one a walk).
+        let (Some(lo), Some(hi)) = (
+            wanted.iter().map(|w| w.0).min(),
+            wanted.iter().map(|w| w.0).max(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        let states = buckets[lo..=hi].iter_mut().zip(pool.lent_mut_in(lo..=hi));
+        for (b, (state, staging)) in (lo..=hi).zip(states) {
             if !wanted.iter().any(|w| w.0 == b) {
                 continue;
             }

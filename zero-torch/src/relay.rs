@@ -6,7 +6,7 @@
 //! Engine calls run with the GIL released, so each relay call takes it back for the call
 //! (as `PyExchange` does).
 
-use crate::views::element;
+use crate::tensors::element;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use zero_comm::{HostBuffer, Relay};

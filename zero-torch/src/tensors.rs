@@ -1,12 +1,23 @@
 //! Moving values between PyTorch's CPU tensors and the engine's buffers: copies of the
-//! tensor's bytes (zero-sys' `HostTensor`), typed with the tensor's dtype.
+//! tensor's bytes (zero-sys' `HostTensor`), typed with the tensor's dtype; and the DLPack
+//! element type the engine's buffers are seen with.
 
 use half::{bf16, f16};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use zero_comm::HostElement;
 use zero_kernels::{DType, Element};
+use zero_sys::python::dlpack::DlElement;
 use zero_sys::python::HostTensor;
+
+/// The DLPack element type of `dtype` (the engine's buffers seen as tensors).
+pub(crate) fn element(dtype: DType) -> DlElement {
+    match dtype {
+        DType::F32 => DlElement::F32,
+        DType::F16 => DlElement::F16,
+        DType::BF16 => DlElement::BF16,
+    }
+}
 
 /// The element type of a tensor: float32, float16 or bfloat16.
 pub fn dtype_of(t: &Bound<'_, PyAny>) -> PyResult<DType> {

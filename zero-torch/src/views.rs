@@ -15,19 +15,9 @@
 
 use crate::errors::to_py;
 use crate::start::Inner;
-use crate::tensors;
+use crate::tensors::{self, element};
 use pyo3::prelude::*;
-use zero_kernels::DType;
-use zero_sys::python::dlpack::{capsule, host_capsule, DlDevice, DlElement, SharedMemory};
-
-/// The DLPack element type of `dtype`.
-pub(crate) fn element(dtype: DType) -> DlElement {
-    match dtype {
-        DType::F32 => DlElement::F32,
-        DType::F16 => DlElement::F16,
-        DType::BF16 => DlElement::BF16,
-    }
-}
+use zero_sys::python::dlpack::{capsule, host_capsule, DlDevice, SharedMemory};
 
 /// DLPack capsules of parameters `ks` of module `m`, each shaped like its parameter and
 /// over the engine buffer that holds it now (stage 3: fetch the module first).

@@ -227,8 +227,9 @@ fn zero_torch_passes_its_python_tests() {
         .env("PYTHONPATH", &path)
         .env("ZERO_TORCH_WHEEL", &wheel)
         .env("TORCH_EXTENSIONS_DIR", root.join("target/torch-extensions"))
-        // DeepSpeed's JIT-built CPU ops compile without `-g` (the same machine code, 45%
-        // less CPU: the script's own words), with the compiler a user set as the real one.
+        // DeepSpeed's JIT-built CPU ops compile without `-g` (the same machine code, less
+        // CPU: the script says what was measured), with the compiler a user set as the
+        // real one (never the script itself, which would run itself forever).
         .env("CXX", suite.join("cxx_without_debug_info"))
         .env(
             "ZERO_JIT_CXX",

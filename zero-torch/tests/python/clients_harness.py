@@ -28,7 +28,9 @@ What it does, in order, before ``runpy.run_path(SCRIPT, run_name="__main__")``:
   * the engine class's ``backward`` is wrapped as soon as its module is imported (a
     ``sys.meta_path`` finder that wraps the loader of ``deepspeed.runtime.engine`` for
     DeepSpeed's ``DeepSpeedEngine`` and of ``zero_torch.engine`` for zero's
-    ``ZeroEngine``: the module is imported by the script itself, after its first line).
+    ``ZeroEngine``: the module is imported by the script itself, after its first line;
+    a DeepSpeed reference rank forked from a zygote that imported DeepSpeed already has
+    the module, whose class is wrapped at once).
     Each call records the loss it is given, and which engine got it (engines numbered
     in the order they first get a loss: the GAN's D is 0, G is 1);
   * ``torch.Tensor.backward`` is wrapped too: a scalar tensor's ``.backward()`` called
@@ -261,6 +263,9 @@ def main() -> None:
     for folder in filter(None, os.environ.get("ZT_CLIENT_SHIMS", "").split(os.pathsep)):
         sys.path.append(folder)
     sys.meta_path.insert(0, _EngineModuleHook())
+    for name, cls_name in _ENGINE_MODULES.items():  # imported before this process began (a forked rank)
+        if name in sys.modules:
+            _wrap_engine_class(getattr(sys.modules[name], cls_name, None))
     ds_cpu_fp16.install()
     _wrap_tensor_backward()
     _stub_tensorboard()

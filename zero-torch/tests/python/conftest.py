@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,6 +114,10 @@ FORK_UNSAFE = ("PYTHON", "TORCH", "OMP", "MKL", "KMP", "CUDA", "LD_", "MALLOC", 
 """A job whose added variables start so gets fresh processes: they could change how the
 interpreter or torch starts, which a forked rank has already done (``zygote.py``)."""
 
+SCRIPT_FORK_SAFE = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+"""Variables of :func:`run_script`'s environment a forked rank honours itself: the zygote's
+path already holds the suite's folders, and the other two it applies (``zygote.py``)."""
+
 JOBS: List[Tuple[int, float, bool]] = []
 """(ranks, seconds, forked from the zygote) of every job this session ran: the closing summary's figures."""
 
@@ -152,38 +157,107 @@ class _Rank:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
 
-_ZYGOTE: List[subprocess.Popen] = []
+_ZYGOTES: Dict[str, subprocess.Popen] = {}
+"""This session's zygotes by flavor (``zygote.FLAVORS``), each started on first use."""
 
 
-def _zygote() -> Optional[subprocess.Popen]:
-    """The zygote of this session (``zygote.py``), started on first use; ``None`` where it
-    cannot run (no ``fork``, or ``ZT_NO_ZYGOTE`` is set) or has died."""
+def _zygote(flavor: str) -> Optional[subprocess.Popen]:
+    """This session's zygote of ``flavor`` (``zygote.py``), started on first use; ``None``
+    where it cannot run (no ``fork``, or ``ZT_NO_ZYGOTE`` is set) or has died (then the
+    ranks it would serve start fresh)."""
     if os.environ.get("ZT_NO_ZYGOTE") or not hasattr(os, "fork"):
         return None
-    if _ZYGOTE and _ZYGOTE[0].poll() is None:
-        return _ZYGOTE[0]
-    if _ZYGOTE:  # it died: say so once, then start fresh processes
-        return None
+    z = _ZYGOTES.get(flavor)
+    if z is not None:
+        return z if z.poll() is None else None
+    _ZYGOTES[flavor] = subprocess.Popen([sys.executable, "-c", f"import zygote; zygote.serve({flavor!r})"],
+                                        env=_zygote_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    return _ZYGOTES[flavor]
+
+
+def _zygote_env() -> Dict[str, str]:
+    """A zygote's environment: this process's, less the launcher's variables."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE)] + sys.path)})
-    _ZYGOTE.append(subprocess.Popen([sys.executable, "-c", "import zygote; zygote.serve()"], env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE))
-    return _ZYGOTE[0]
+    return env
 
 
-def _start_rank(env: Dict[str, str], log: Path, fork: bool) -> _Rank:
+def _start_rank(env: Dict[str, str], log: Path, fork: bool, flavor: str = "",
+                argv: Optional[List[str]] = None, cwd: Optional[Path] = None) -> _Rank:
+    """One rank: ``workers.main()``, or with ``argv`` the script ``argv[0]`` as
+    ``__main__`` in the folder ``cwd``."""
     exit_file = log.with_name(log.name + ".exit")
-    z = _zygote() if fork else None
+    z = _zygote(flavor) if fork else None
     if z is not None and z.stdin is not None and z.stdout is not None:
-        z.stdin.write((json.dumps({"env": env, "log": str(log), "exit": str(exit_file)}) + "\n").encode())
+        req: Dict[str, Any] = {"env": env, "log": str(log), "exit": str(exit_file)}
+        if argv is not None:
+            req.update({"argv": argv, "cwd": str(cwd or Path.cwd())})
+        z.stdin.write((json.dumps(req) + "\n").encode())
         z.stdin.flush()
         answer = z.stdout.readline()
         if answer.strip():
             return _Rank(int(answer), exit_file, log)
+    cmd = [sys.executable, *argv] if argv is not None else [sys.executable, "-c", "import workers; workers.main()"]
     with open(log, "wb") as fh:
-        popen = subprocess.Popen([sys.executable, "-c", "import workers; workers.main()"], env=env,
-                                 stdout=fh, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
     return _Rank(popen.pid, exit_file, log, popen)
+
+
+def torchrun_env(rank: int, world: int, port: int) -> Dict[str, str]:
+    """The variables ``torchrun --nproc-per-node <world>`` gives worker ``rank`` on one
+    machine (torch 2.11's elastic agent), except that rank 0 serves the store itself
+    (``TORCHELASTIC_USE_AGENT_STORE=False``: there is no agent)."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
+    }
+
+
+TORCHRUN_VARS = list(torchrun_env(0, 1, 0))
+
+
+def run_script(world: int, argv: List[str], env: Dict[str, str], cwd: Path, log: Path,
+               timeout: float, flavor: str = "deepspeed") -> int:
+    """Runs the script ``argv[0]`` (with its arguments) on ``world`` ranks, each with
+    ``env`` and torchrun's variables (:func:`torchrun_env`), forked from the zygote of
+    ``flavor`` (real DeepSpeed already imported: for DeepSpeed's reference runs, whose
+    launcher changes nothing they compute). Each rank's output is appended to ``log``;
+    returns the first nonzero exit status, else 0 (-9 when ``timeout`` seconds passed and
+    every rank was killed). ``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE`` in
+    ``env`` take effect in a forked rank too (``zygote.py``)."""
+    port = free_port()
+    started = time.time()
+    zygote_env = _zygote_env()
+    own = Path(tempfile.mkdtemp(prefix="zt-script-"))  # each rank's log and exit file, this run's only
+    ranks = []
+    for r in range(world):
+        renv = {k: v for k, v in env.items() if k not in LAUNCH_VARS and k not in TORCHRUN_VARS}
+        renv.update(torchrun_env(r, world, port))
+        unsafe = [k for k in set(renv) | set(zygote_env) if k.startswith(FORK_UNSAFE)
+                  and k not in SCRIPT_FORK_SAFE and k not in TORCHRUN_VARS and zygote_env.get(k) != renv.get(k)]
+        ranks.append(_start_rank(renv, own / f"log{r}", fork=not unsafe, flavor=flavor, argv=argv, cwd=cwd))
+    deadline = time.time() + timeout
+    codes = []
+    for p in ranks:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            for q in ranks:
+                q.kill()
+            for q in ranks:  # each one's end, before the caller removes its folders
+                q.wait(timeout=60)
+            codes.append(-9)
+            break
+    with open(log, "a", errors="replace") as out:
+        for r, p in enumerate(ranks):
+            out.write(f"[rank {r}]\n{p.log()}")
+    shutil.rmtree(own, ignore_errors=True)
+    JOBS.append((world, time.time() - started, all(p.popen is None for p in ranks)))
+    return next((c for c in codes if c != 0), 0)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -196,7 +270,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_sessionfinish(session: Any) -> None:
-    for z in _ZYGOTE:
+    for z in _ZYGOTES.values():
         for pipe in (z.stdin, z.stdout):
             if pipe is not None:
                 pipe.close()

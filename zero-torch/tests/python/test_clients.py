@@ -7,7 +7,8 @@
 Each run goes through ``clients_harness.py``, which records every loss the script gives an
 engine's ``backward`` (or backpropagates itself with ``loss.backward()``) on each rank,
 with a hash of torch's default generator's state at that moment. The DeepSpeed reference
-runs once per configuration, under torchrun, and serves both launchers. Agreement, at
+runs once per configuration, in ranks forked with torchrun's variables (``REFERENCE``), and
+serves both launchers. Agreement, at
 every recorded loss of every rank: fp32 within 1e-6 relative (a case may say otherwise, with
 its reason: the GAN's clipping coefficient, rounded apart, gives 4e-6; without clipping it
 is bit-equal); bf16 within 2 bf16 ulps of
@@ -41,6 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
+import conftest
 from conftest import LAUNCH_VARS, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +53,12 @@ WORLD = 2
 SEED = 1000
 """``ZT_CLIENT_SEED``: the scripts that seed nothing (cifar10, offload_states) start from
 ``SEED + rank`` in both libraries' runs; the others reseed themselves."""
+REFERENCE = "forked"
+"""How DeepSpeed's reference runs start: 2 ranks with torchrun's variables, forked from the
+suite's zygote that imported torch, transformers and DeepSpeed once
+(``conftest.run_script``), not under torchrun's agent: the launcher changes how ranks start,
+not what DeepSpeed computes, and each launch otherwise spent about 20 s of CPU importing
+(2026-12-07, 2 cores). zero's runs start under the real launchers."""
 LAUNCH_TIMEOUT = 900.0
 """Seconds one launch may take (a first run JIT-builds DeepSpeed's CPU ops, ~90 s each)."""
 COMPAT_LINE = "import zero_torch.deepspeed_compat"
@@ -350,7 +358,7 @@ def _child_env(record: Path, case: Case, launcher: str) -> Dict[str, str]:
         "ZT_CLIENT_SHIMS": os.pathsep.join(str(CLIENTS / "_shims" / s) for s in case.shims),
     })
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "target" / "torch-extensions"))
-    if case.local_rank_arg and launcher == "torchrun":
+    if case.local_rank_arg and launcher in ("torchrun", REFERENCE):
         env["ZT_CLIENT_LOCAL_RANK_ARG"] = "1"
     if case.experiment is not None:
         # One clock reading for both ranks: the script names its experiment folder after
@@ -362,6 +370,10 @@ def _child_env(record: Path, case: Case, launcher: str) -> Dict[str, str]:
 
 def _launch(launcher: str, script: Path, args: List[str], cwd: Path, env: Dict[str, str], log: Path) -> Tuple[int, float]:
     port = str(free_port())
+    if launcher == REFERENCE:
+        start = time.time()
+        rc = conftest.run_script(WORLD, [str(HARNESS), str(script), *args], env, cwd, log, LAUNCH_TIMEOUT)
+        return rc, time.time() - start
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
                "--master_addr=127.0.0.1", f"--master_port={port}", str(HARNESS), str(script), *args]
@@ -542,10 +554,10 @@ def _requirements() -> Optional[str]:
 
 
 def reference(case: Case) -> Run:
-    """DeepSpeed's run of ``case`` (once per configuration, under torchrun)."""
+    """DeepSpeed's run of ``case`` (once per configuration; ``REFERENCE``)."""
     if case.name not in _REFERENCES:
         try:
-            _REFERENCES[case.name] = run_case(case, "deepspeed", "torchrun")
+            _REFERENCES[case.name] = run_case(case, "deepspeed", REFERENCE)
         except AssertionError as e:
             _REFERENCES[case.name] = e
     ref = _REFERENCES[case.name]

@@ -1,5 +1,6 @@
 """Hugging Face's ``Trainer`` on zero with one added import line, against DeepSpeed 0.19.8
-itself on the same CPU: ``hf_trainer_script.py`` under ``torchrun --nproc-per-node 2`` with
+itself on the same CPU: ``hf_trainer_script.py`` under ``torchrun --nproc-per-node 2`` (DeepSpeed's
+reference runs in 2 ranks with torchrun's variables, forked from the suite's zygote) with
 ``TrainingArguments(use_cpu=True, deepspeed=...)``, "auto" values throughout, accumulation
 2 and clipping, the model loaded with ``from_pretrained`` after ``TrainingArguments``
 (at stage 3 through ``zero.Init`` and ``GatheredParameters(modifier_rank=0)`` before any
@@ -38,6 +39,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 import torch
 
+import conftest
 from conftest import HERE, LAUNCH_VARS, free_port
 
 pytest.importorskip("accelerate", reason="the Trainer needs accelerate (.ci/run installs it)")
@@ -83,12 +85,22 @@ def result_of(cmd: List[str], env: Dict[str, str], out: Path, what: str) -> Dict
 
 def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
              resume: Optional[Path] = None, script: Path = SCRIPT) -> Dict[str, Any]:
-    """``script`` on 2 processes under torchrun; rank 0's JSON result."""
+    """``script`` on 2 processes under torchrun; rank 0's JSON result. DeepSpeed's runs
+    (``compat=False``) are its references: their ranks get torchrun's variables and are
+    forked from the suite's zygote that imported DeepSpeed once (``conftest.run_script``;
+    the launcher changes how ranks start, not what DeepSpeed computes)."""
     out.mkdir(parents=True, exist_ok=True)
+    env = script_env(model, out, stage, case, compat, resume)
+    what = f"{script.name} on {'zero' if compat else 'DeepSpeed'}, stage {stage} case {case}"
+    if not compat:
+        log = out / "log.txt"
+        rc = conftest.run_script(2, [str(script)], env, out, log, 300.0)
+        result = out / "result.json"
+        assert rc == 0 and result.exists(), f"{what} (exit {rc}):\n{log.read_text(errors='replace')[-5000:]}"
+        return json.loads(result.read_text())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), str(script)]
-    return result_of(cmd, script_env(model, out, stage, case, compat, resume), out,
-                     f"{script.name} on {'zero' if compat else 'DeepSpeed'}, stage {stage} case {case}")
+    return result_of(cmd, env, out, what)
 
 
 @pytest.fixture(scope="module")

@@ -226,8 +226,9 @@ def run_script(world: int, argv: List[str], env: Dict[str, str], cwd: Path, log:
     ``env`` and torchrun's variables (:func:`torchrun_env`), forked from the zygote of
     ``flavor`` (real DeepSpeed already imported: for DeepSpeed's reference runs, whose
     launcher changes nothing they compute). Each rank's output is appended to ``log``;
-    returns the first nonzero exit status, else 0 (-9 when ``timeout`` seconds passed and
-    every rank was killed). ``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE`` in
+    returns 0, or the exit status of the first rank that failed (the others are then
+    killed, as torchrun's agent does), or -9 when ``timeout`` seconds passed (every rank
+    killed). ``PYTHONUNBUFFERED`` and ``PYTHONDONTWRITEBYTECODE`` in
     ``env`` take effect in a forked rank too (``zygote.py``)."""
     port = free_port()
     started = time.time()
@@ -241,23 +242,29 @@ def run_script(world: int, argv: List[str], env: Dict[str, str], cwd: Path, log:
                   and k not in SCRIPT_FORK_SAFE and k not in TORCHRUN_VARS and zygote_env.get(k) != renv.get(k)]
         ranks.append(_start_rank(renv, own / f"log{r}", fork=not unsafe, flavor=flavor, argv=argv, cwd=cwd))
     deadline = time.time() + timeout
-    codes = []
-    for p in ranks:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
-        except subprocess.TimeoutExpired:
-            for q in ranks:
-                q.kill()
-            for q in ranks:  # each one's end, before the caller removes its folders
-                q.wait(timeout=60)
-            codes.append(-9)
+    codes: List[Optional[int]] = [None] * world
+    while None in codes:
+        for r, p in enumerate(ranks):
+            if codes[r] is None:
+                try:
+                    codes[r] = p.wait(timeout=0)
+                except subprocess.TimeoutExpired:
+                    pass
+        if None in codes and (any(c for c in codes) or time.time() > deadline):
+            # A rank failed, or the time is up: the others are stopped, as torchrun's agent
+            # stops a failed worker's peers (they would wait for it until their timeout).
+            for r, p in enumerate(ranks):
+                if codes[r] is None:
+                    p.kill()
+                    codes[r] = p.wait(timeout=60)
             break
+        time.sleep(0.05)
     with open(log, "a", errors="replace") as out:
         for r, p in enumerate(ranks):
             out.write(f"[rank {r}]\n{p.log()}")
     shutil.rmtree(own, ignore_errors=True)
     JOBS.append((world, time.time() - started, all(p.popen is None for p in ranks)))
-    return next((c for c in codes if c != 0), 0)
+    return next((c for c in codes if c not in (0, -9)), next((c for c in codes if c), 0))  # type: ignore[return-value]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -72,12 +72,10 @@ fn ended_by(child: &mut Child, deadline: Instant) -> Option<bool> {
 /// (`TORCH_EXTENSIONS_DIR`, which torch builds under a lock) and free ports (each job asks
 /// the kernel for one). `ZERO_TORCH_SUITE_SERIAL=1` runs the whole suite in one process.
 /// On 2026-12-07 (a fresh clone, 2 cores) the rest took 45:23 and this process 41:06
-/// (warm, 37:05 and 32:39): `test_hf_checkpoint.py` (123 s) moved here to even them.
-const APART: &[&str] = &[
-    "test_clients.py",
-    "test_hf_trainer.py",
-    "test_hf_checkpoint.py",
-];
+/// (warm, 37:05 and 32:39), and `test_hf_checkpoint.py` (123 s) moved here; once the
+/// zygotes imported transformers and DeepSpeed (`zygote.py`), the rest took 32:17 and this
+/// process 35:16, and it moved back.
+const APART: &[&str] = &["test_clients.py", "test_hf_trainer.py"];
 
 /// Runs `live` (output echoed) and `logged` (output into `log`, printed when both end) at
 /// once, killing both after `limit`; whether both succeeded.

@@ -369,11 +369,11 @@ def _child_env(record: Path, case: Case, launcher: str) -> Dict[str, str]:
 
 
 def _launch(launcher: str, script: Path, args: List[str], cwd: Path, env: Dict[str, str], log: Path) -> Tuple[int, float]:
-    port = str(free_port())
-    if launcher == REFERENCE:
+    if launcher == REFERENCE:  # run_script takes a port of its own
         start = time.time()
         rc = conftest.run_script(WORLD, [str(HARNESS), str(script), *args], env, cwd, log, LAUNCH_TIMEOUT)
         return rc, time.time() - start
+    port = str(free_port())
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
                "--master_addr=127.0.0.1", f"--master_port={port}", str(HARNESS), str(script), *args]

@@ -77,9 +77,14 @@ def result_of(cmd: List[str], env: Dict[str, str], out: Path, what: str) -> Dict
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
     except subprocess.TimeoutExpired as e:  # the launcher's agent kills its workers with it
         raise AssertionError(f"{what} did not finish in 300 s:\n{(e.output or b'').decode(errors='replace')[-3000:]}")
-    log = done.stdout.decode(errors="replace")
+    return read_result(out, done.returncode, done.stdout.decode(errors="replace"), what)
+
+
+def read_result(out: Path, returncode: int, log: str, what: str) -> Dict[str, Any]:
+    """Rank 0's JSON result in ``out`` of a run that exited with ``returncode``, or an
+    error with the end of its ``log`` naming ``what``."""
     result = out / "result.json"
-    assert done.returncode == 0 and result.exists(), f"{what}:\n{log[-5000:]}"
+    assert returncode == 0 and result.exists(), f"{what} (exit {returncode}):\n{log[-5000:]}"
     return json.loads(result.read_text())
 
 
@@ -95,9 +100,7 @@ def torchrun(model: Path, out: Path, stage: int, case: str, compat: bool,
     if not compat:
         log = out / "log.txt"
         rc = conftest.run_script(2, [str(script)], env, out, log, 300.0)
-        result = out / "result.json"
-        assert rc == 0 and result.exists(), f"{what} (exit {rc}):\n{log.read_text(errors='replace')[-5000:]}"
-        return json.loads(result.read_text())
+        return read_result(out, rc, log.read_text(errors="replace"), what)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(free_port()), str(script)]
     return result_of(cmd, env, out, what)
